@@ -1,0 +1,31 @@
+"""The quick-start demo: a tiny Qwen2.5-VL-shaped model learns GUI-Libra ASFT on the
+bundled synthetic desktop + mobile world, on CPU, in minutes."""
+
+from guilibra_jax.train.config import base_config
+
+
+def get_config(arg=None):
+    c = base_config()
+    c.data.synthetic.enabled = True
+    c.data.synthetic.tasks = 240
+    c.data.max_length = 384
+    c.data.batch_size = 8
+    c.data.max_pixels = 112 * 112
+    c.data.min_pixels = 56 * 56
+    c.model.dtype = "float32"
+    c.optim.lr = 3e-3
+    c.optim.warmup_steps = 20
+    c.optim.weight_decay = 0.0
+    c.train.steps = 300
+    c.train.log_every = 10
+    c.train.checkpoint_every = 100
+    c.train.eval_every = 300
+    c.train.eval_samples = 64
+    if arg == "smoke":  # a few steps, for tests
+        c.data.synthetic.tasks = 12
+        c.train.steps = 4
+        c.train.log_every = 1
+        c.train.checkpoint_every = 2
+        c.train.eval_every = 0
+        c.train.progress = False
+    return c

@@ -1,0 +1,86 @@
+"""Orbax checkpoints of the train state together with the data iterator state.
+
+Saves are asynchronous and keep the last N. Orbax writes each step to a temporary
+folder and renames it when complete, so a checkpoint left half-written by a crash is
+never listed by ``latest_step`` and never restored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class Checkpointer:
+    """``save(step, state, data_state)`` / ``restore(abstract_state)`` under ``directory``.
+
+    ``data_state`` is any JSON-able object (the grain iterator's ``get_state()``); it
+    is stored per step beside the arrays.
+    """
+
+    def __init__(self, directory: str, *, max_to_keep: int = 2, async_save: bool = True):
+        self.directory = os.path.abspath(directory)
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=async_save,
+                                               create=True)
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=options,
+            item_handlers={"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler()})
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._manager.all_steps())
+
+    def save(self, step: int, state: Any, data_state: Any = None, *, force: bool = False) -> bool:
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                  data=ocp.args.JsonSave({"iterator": data_state}))
+        return self._manager.save(step, args=args, force=force)
+
+    def restore(self, abstract_state: Any, step: int | None = None) -> tuple[int, Any, Any]:
+        """(step, state, data_state) restored into the shardings of ``abstract_state``
+        (a tree of ``jax.ShapeDtypeStruct`` with ``sharding`` set, or of arrays)."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no complete checkpoint under {self.directory}")
+        target = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), abstract_state)
+        out = self._manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()))
+        logging.info("restored checkpoint step %d from %s", step, self.directory)
+        return step, out["state"], (out["data"] or {}).get("iterator")
+
+    def wait(self) -> None:
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+
+def restore_params(directory: str, abstract_params: Any, step: int | None = None) -> tuple[int, Any]:
+    """Only the parameters of a train checkpoint (for export and evaluation)."""
+    manager = ocp.CheckpointManager(os.path.abspath(directory),
+                                    item_handlers={"state": ocp.StandardCheckpointHandler()})
+    step = manager.latest_step() if step is None else step
+    if step is None:
+        raise FileNotFoundError(f"no complete checkpoint under {directory}")
+    meta = manager.item_metadata(step)
+    tree = meta["state"] if isinstance(meta, dict) or hasattr(meta, "__getitem__") else meta.state
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), dict(tree))
+    target["params"] = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract_params)
+    out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+    manager.close()
+    return step, out["state"]["params"]
+
+
+def write_json(path: str, obj: Any) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True, default=str)
+    os.replace(tmp, path)

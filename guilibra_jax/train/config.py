@@ -1,0 +1,100 @@
+"""The run config: defaults every recipe starts from, and validation that runs before
+anything heavy. Recipes in ``configs/`` call :func:`base_config` and override."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ml_collections as mlc
+
+FAMILIES = ("qwen2_5_vl", "qwen3_vl")
+REMATS = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable")
+
+
+def base_config() -> mlc.ConfigDict:
+    c = mlc.ConfigDict()
+    c.model = mlc.ConfigDict(dict(
+        hf_path="",          # local Hugging Face folder; "" = random init from `name`
+        name="tiny",         # "tiny" or a named real size (qwen2_5_vl_3b, qwen3_vl_8b, ...)
+        dtype="bfloat16",    # compute dtype
+        param_dtype="float32",  # master weights (and optimizer state)
+        remat="none", scan_layers=False, seed=0,
+        tiny=dict(family="qwen2_5_vl", hidden=128, intermediate=256, layers=2, heads=4, kv_heads=2,
+                  vision_depth=2, vision_hidden=64, vision_intermediate=128, vision_heads=4, tie=True,
+                  mrope_section=()),
+    ))
+    c.tokenizer = mlc.ConfigDict(dict(path=""))  # "" = the model folder's tokenizer
+    c.data = mlc.ConfigDict(dict(
+        format="native",     # native | guilibra_sft | guilibra_rl | uni_gui
+        train_files=(),      # paths or globs
+        eval_files=(),
+        method="guilibra",   # guilibra (<answer> JSON) | mopd (tool calls): the target format
+        reasoning_mix=0.5,   # fraction of samples that keep their reasoning (1:1 default)
+        max_length=1024, batch_size=8, seed=0, workers=0,
+        min_pixels=56 * 56, max_pixels=28 * 28 * 1280, max_patches=0,  # 0: from max_pixels
+        max_bad_fraction=0.05,
+        synthetic=dict(enabled=False, platforms=("mobile", "desktop"), tasks=200, seed=0,
+                       screen_width=112, screen_height=112, test_fraction=0.2, tokenizer_vocab=1024),
+    ))
+    c.loss = mlc.ConfigDict(dict(alpha_action=2.0, alpha_grounding=4.0, normalize="sample"))
+    c.optim = mlc.ConfigDict(dict(
+        lr=1e-5, warmup_steps=0, schedule="cosine", end_lr_fraction=0.0, weight_decay=0.0,
+        b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0,
+        lr_multipliers={}, freeze=(),  # path regex -> lr factor; path regexes not trained
+    ))
+    c.mesh = mlc.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+    c.train = mlc.ConfigDict(dict(
+        steps=100, grad_accum=1, log_every=10, checkpoint_every=100, keep_checkpoints=2,
+        async_checkpoints=True, eval_every=0, eval_samples=64, eval_max_new_tokens=96,
+        export=True, export_dir="",  # Hugging Face export at the end; "" = workdir/export
+        tensorboard=True, progress=True,
+    ))
+    c.distributed = mlc.ConfigDict(dict(coordinator_address="", num_processes=0, process_id=-1,
+                                        local_device_ids=""))
+    return c
+
+
+def _fail(key: str, value: Any, expected: str) -> None:
+    raise ValueError(f"config key {key} = {value!r} is invalid: expected {expected}")
+
+
+def validate(c: mlc.ConfigDict) -> None:
+    """Check values before anything heavy starts; errors name the key."""
+    m = c.model
+    if m.hf_path and not os.path.isdir(m.hf_path):
+        _fail("model.hf_path", m.hf_path, "an existing local Hugging Face folder")
+    for key in ("dtype", "param_dtype"):
+        if m[key] not in ("float32", "bfloat16", "float16"):
+            _fail(f"model.{key}", m[key], "float32, bfloat16 or float16")
+    if m.remat not in REMATS:
+        _fail("model.remat", m.remat, f"one of {REMATS}")
+    if not m.hf_path and m.name == "tiny" and m.tiny.family not in FAMILIES:
+        _fail("model.tiny.family", m.tiny.family, f"one of {FAMILIES}")
+    d = c.data
+    if d.format not in ("native", "guilibra_sft", "guilibra_rl", "uni_gui"):
+        _fail("data.format", d.format, "native, guilibra_sft, guilibra_rl or uni_gui")
+    if d.method not in ("guilibra", "mopd"):
+        _fail("data.method", d.method, "guilibra or mopd")
+    if not 0.0 <= d.reasoning_mix <= 1.0:
+        _fail("data.reasoning_mix", d.reasoning_mix, "a fraction in [0, 1]")
+    if not d.synthetic.enabled and not d.train_files:
+        _fail("data.train_files", d.train_files, "at least one file (or data.synthetic.enabled=True)")
+    for key in ("max_length", "batch_size"):
+        if d[key] <= 0:
+            _fail(f"data.{key}", d[key], "a positive integer")
+    if not 0.0 <= d.max_bad_fraction <= 1.0:
+        _fail("data.max_bad_fraction", d.max_bad_fraction, "a fraction in [0, 1]")
+    if c.loss.normalize not in ("sample", "token"):
+        _fail("loss.normalize", c.loss.normalize, "sample or token")
+    if c.optim.schedule not in ("cosine", "linear", "constant"):
+        _fail("optim.schedule", c.optim.schedule, "cosine, linear or constant")
+    if c.optim.lr <= 0:
+        _fail("optim.lr", c.optim.lr, "a positive learning rate")
+    t = c.train
+    for key in ("steps", "grad_accum", "log_every", "checkpoint_every", "keep_checkpoints"):
+        if t[key] <= 0:
+            _fail(f"train.{key}", t[key], "a positive integer")
+    for axis in ("data", "fsdp", "tensor"):
+        if c.mesh[axis] == 0 or c.mesh[axis] < -1:
+            _fail(f"mesh.{axis}", c.mesh[axis], "a positive size or -1")

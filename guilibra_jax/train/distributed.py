@@ -1,0 +1,63 @@
+"""Multi-host start-up and the XLA flags we use on GPUs, kept in one place."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+# Flags for H100/H200 pods: overlap collectives with compute. Set before jax starts
+# its backend (launch/train.py calls apply_gpu_xla_flags first thing).
+GPU_XLA_FLAGS = (
+    "--xla_gpu_enable_latency_hiding_scheduler=true",
+    "--xla_gpu_enable_command_buffer=",
+    "--xla_gpu_enable_highest_priority_async_stream=true",
+    "--xla_gpu_all_reduce_combine_threshold_bytes=134217728",
+    "--xla_gpu_all_gather_combine_threshold_bytes=134217728",
+    "--xla_gpu_reduce_scatter_combine_threshold_bytes=134217728",
+)
+
+
+def apply_gpu_xla_flags() -> None:
+    """Append :data:`GPU_XLA_FLAGS` to XLA_FLAGS unless GUILIBRA_NO_XLA_FLAGS is set.
+    Harmless on CPU (the flags are read by the GPU backend only)."""
+    if os.environ.get("GUILIBRA_NO_XLA_FLAGS"):
+        return
+    current = os.environ.get("XLA_FLAGS", "")
+    extra = [f for f in GPU_XLA_FLAGS if f.split("=")[0] not in current]
+    if extra and _has_gpu_hint():
+        os.environ["XLA_FLAGS"] = " ".join([current, *extra]).strip()
+
+
+def _has_gpu_hint() -> bool:
+    return bool(os.environ.get("CUDA_VISIBLE_DEVICES") or os.path.exists("/dev/nvidiactl")) \
+        and os.environ.get("JAX_PLATFORMS", "") in ("", "cuda", "gpu")
+
+
+def initialize(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1,
+               local_device_ids: str = "") -> bool:
+    """Start multi-process JAX when asked to. Explicit arguments win; otherwise
+    SLURM (SLURM_NTASKS > 1) and the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
+    JAX_PROCESS_ID environment variables are detected. Returns True if initialised."""
+    import jax
+
+    env = os.environ
+    coordinator_address = coordinator_address or env.get("JAX_COORDINATOR_ADDRESS", "")
+    num_processes = num_processes or int(env.get("JAX_NUM_PROCESSES", "0") or 0)
+    if process_id < 0 and env.get("JAX_PROCESS_ID"):
+        process_id = int(env["JAX_PROCESS_ID"])
+    kwargs = {}
+    if local_device_ids:
+        kwargs["local_device_ids"] = [int(i) for i in local_device_ids.split(",")]
+    if coordinator_address and num_processes > 1:
+        if process_id < 0:
+            raise ValueError("distributed: coordinator_address and num_processes are set but process_id is not "
+                             "(set --config.distributed.process_id or JAX_PROCESS_ID)")
+        jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                                   process_id=process_id, **kwargs)
+    elif int(env.get("SLURM_NTASKS", "1") or 1) > 1:
+        jax.distributed.initialize(**kwargs)  # JAX's SLURM cluster detection
+    else:
+        return False
+    logging.info("jax.distributed: process %d of %d, %d local / %d global devices", jax.process_index(),
+                 jax.process_count(), jax.local_device_count(), jax.device_count())
+    return True

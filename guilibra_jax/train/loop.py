@@ -1,0 +1,180 @@
+"""The ASFT training loop: model + data + mesh + jitted step + checkpoints + logs.
+
+``train(config, workdir)`` is what ``python -m launch.train`` runs. Re-running it on
+the same workdir resumes from the latest complete checkpoint (params, optimizer
+state, step and data iterator together). SIGTERM saves a checkpoint and returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from guilibra_jax import sharding as S
+from guilibra_jax.train import checkpoint as C
+from guilibra_jax.train import model_factory
+from guilibra_jax.train.metrics import MetricsWriter, Progress
+from guilibra_jax.train.optimizer import make_optimizer
+from guilibra_jax.train.sft_step import init_state, make_sft_step
+
+log = logging.getLogger(__name__)
+
+
+class _Preemption:
+    """Remembers a SIGTERM so that the loop can checkpoint and stop cleanly."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self):
+        try:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not the main thread
+            self._previous = None
+        return self
+
+    def _handle(self, signum, frame):
+        log.warning("SIGTERM received: saving a checkpoint and stopping")
+        self.requested = True
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+def stack_micro_batches(batches: list[dict]) -> dict:
+    """[M] list of batches with equal shapes -> one batch with a leading M axis."""
+    def stack(*xs):
+        return np.stack(xs)
+    return jax.tree.map(stack, *batches)
+
+
+def put_batch(batch: dict, mesh, *, micro_axis: bool = True) -> dict:
+    """Place a host batch on the mesh: the per-sample dimension of every array is
+    sharded over (data, fsdp); pixel arrays and vision metadata are replicated.
+    Multi-process: each process passes its own shard."""
+    batch_dim = 1 if micro_axis else 0
+
+    def place(path, x):
+        x = np.asarray(x)
+        name = str(getattr(path[0], "key", path[0]))
+        if name in ("pixel_values", "vision") or x.ndim <= batch_dim:
+            sh = S.replicated(mesh)
+            spec_dim = None
+        else:
+            dim = batch_dim + (1 if name == "positions" else 0)
+            sh = S.batch_sharding(mesh, x.ndim, dim)
+            spec_dim = dim
+        if jax.process_count() == 1:
+            return jax.device_put(x, sh)
+        if spec_dim is None:
+            return jax.make_array_from_process_local_data(sh, x, x.shape)
+        global_shape = list(x.shape)
+        global_shape[spec_dim] *= jax.process_count()
+        return jax.make_array_from_process_local_data(sh, x, tuple(global_shape))
+
+    return jax.tree_util.tree_map_with_path(place, batch)
+
+
+def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict:
+    """Run (or resume) the ASFT job described by ``config`` in ``workdir``; returns
+    the last logged metrics row."""
+    from guilibra_jax.train import data_source
+
+    os.makedirs(workdir, exist_ok=True)
+    is_main = jax.process_index() == 0
+    if is_main:
+        C.write_json(os.path.join(workdir, "config.json"), config.to_dict())
+
+    mesh = S.make_mesh(dict(config.mesh))
+    tokenizer = data_source.prepare_tokenizer(config, workdir)
+    model, model_config = model_factory.build_model(config, tokenizer)
+    graphdef, pstate, rest = nnx.split(model, nnx.Param, ...)
+    if jax.tree.leaves(rest):
+        raise ValueError(f"the model holds non-parameter state the trainer does not handle: "
+                         f"{list(nnx.to_pure_dict(rest))[:5]}")
+    param_sh = S.param_shardings(pstate, mesh)
+    params = nnx.to_pure_dict(pstate)
+    del model, pstate
+
+    tc = config.train
+    tx, schedule = make_optimizer(
+        params, lr=config.optim.lr, total_steps=tc.steps, warmup_steps=config.optim.warmup_steps,
+        schedule=config.optim.schedule, weight_decay=config.optim.weight_decay, b1=config.optim.b1,
+        b2=config.optim.b2, eps=config.optim.eps, clip_norm=config.optim.clip_norm,
+        lr_multipliers=dict(config.optim.lr_multipliers), freeze=tuple(config.optim.freeze),
+        end_lr_fraction=config.optim.end_lr_fraction)
+
+    # Shardings: params from their logical names, optimizer state following params.
+    opt_sh = S.opt_state_shardings(tx, params, param_sh, mesh)
+    rep = S.replicated(mesh)
+    state_sh = {"step": rep, "params": param_sh, "opt_state": opt_sh, "skipped": rep}
+
+    params = jax.device_put(params, param_sh)
+    state = jax.jit(lambda p: init_state(p, tx), out_shardings=state_sh)(params)
+    del params
+
+    step_fn = make_sft_step(graphdef, tx, alpha_action=config.loss.alpha_action,
+                            alpha_grounding=config.loss.alpha_grounding, normalize=config.loss.normalize,
+                            schedule=schedule)
+    jit_step = jax.jit(step_fn, in_shardings=(state_sh, None), out_shardings=(state_sh, None), donate_argnums=0)
+
+    data = (data_factory or data_source.make_train_data)(config, tokenizer, model_config,
+                                                         jax.process_index(), jax.process_count(), workdir)
+    ckpt = C.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=tc.keep_checkpoints,
+                          async_save=tc.async_checkpoints)
+    start = 0
+    if ckpt.latest_step() is not None:
+        start, state, data_state = ckpt.restore(state)
+        if data_state is not None:
+            data.set_state(data_state)
+        log.info("resumed from step %d", start)
+
+    writer = MetricsWriter(workdir, enabled=is_main, tensorboard=tc.tensorboard)
+    progress = Progress(tc.steps, start, enabled=is_main and tc.progress)
+    evaluator = data_source.make_evaluator(config, tokenizer, model_config, graphdef, workdir) \
+        if tc.eval_every > 0 else None
+    last_row: dict = {}
+    step = start
+    t_last, tokens_since = time.time(), 0.0
+    with _Preemption() as preempt:
+        while step < tc.steps:
+            host = stack_micro_batches([next(data) for _ in range(tc.grad_accum)])
+            tokens_since += float(np.sum(host["segment_ids"] > 0)) * jax.process_count()
+            state, metrics = jit_step(state, put_batch(host, mesh))
+            step += 1
+            if step % tc.log_every == 0 or step == tc.steps:
+                metrics = jax.device_get(metrics)
+                now = time.time()
+                metrics["tokens_per_s"] = tokens_since / max(now - t_last, 1e-9)
+                t_last, tokens_since = now, 0.0
+                last_row = writer.write(step, metrics)
+                progress.update(step, last_row)
+            if evaluator is not None and (step % tc.eval_every == 0 or step == tc.steps):
+                eval_row = evaluator(state["params"], step)
+                writer.write(step, eval_row)
+                last_row.update(eval_row)
+            if step % tc.checkpoint_every == 0 or step == tc.steps or preempt.requested:
+                ckpt.save(step, state, data.get_state(), force=True)
+            if preempt.requested:
+                break
+    ckpt.wait()
+    progress.close()
+    if step >= tc.steps and tc.export and is_main:
+        export_dir = tc.export_dir or os.path.join(workdir, "export")
+        model_factory.export(graphdef, jax.device_get(state["params"]), model_config, tokenizer, export_dir)
+        log.info("exported Hugging Face checkpoint to %s", export_dir)
+    ckpt.close()
+    writer.close()
+    if hasattr(data, "close"):
+        data.close()
+    return last_row

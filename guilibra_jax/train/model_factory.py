@@ -1,0 +1,96 @@
+"""Model and tokenizer from a run config: a local Hugging Face folder, a named real
+size (random init, for benchmarks), or a tiny random model (demos and tests)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import jax.numpy as jnp
+from flax import nnx
+
+from guilibra_jax import models as M
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def dtype_of(name: str, key: str):
+    if name not in DTYPES:
+        raise ValueError(f"{key}: unknown dtype {name!r}; expected one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def tiny_model_config(tiny: Any, tokenizer) -> M.ModelConfig:
+    """A small random-init config whose vocabulary and special ids follow ``tokenizer``."""
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in
+           ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|im_end|>")}
+    missing = [t for t, i in ids.items() if i is None or i == tokenizer.unk_token_id and t != "<|video_pad|>"]
+    if missing:
+        raise ValueError(f"tokenizer lacks Qwen special tokens {missing}")
+    family = tiny.family
+    head_dim = tiny.hidden // tiny.heads
+    section = tuple(tiny.mrope_section) if tiny.get("mrope_section") else _default_section(head_dim)
+    text = M.TextConfig(
+        vocab_size=len(tokenizer), hidden_size=tiny.hidden, intermediate_size=tiny.intermediate,
+        num_layers=tiny.layers, num_heads=tiny.heads, num_kv_heads=tiny.kv_heads, head_dim=head_dim,
+        rope_theta=10_000.0, mrope_section=section, mrope_interleaved=family == "qwen3_vl",
+        qkv_bias=family == "qwen2_5_vl", qk_norm=family == "qwen3_vl", max_position_embeddings=4096,
+        bos_token_id=None, eos_token_id=ids["<|im_end|>"], pad_token_id=tokenizer.pad_token_id)
+    vision_kw = dict(depth=tiny.vision_depth, hidden_size=tiny.vision_hidden,
+                     intermediate_size=tiny.vision_intermediate, num_heads=tiny.vision_heads,
+                     out_hidden_size=tiny.hidden)
+    if family == "qwen2_5_vl":
+        vision = M.VisionConfig(**vision_kw, patch_size=14, window_size=56,
+                                fullatt_block_indexes=(tiny.vision_depth - 1,))
+    else:
+        vision = M.VisionConfig(**vision_kw, patch_size=16, hidden_act="gelu_pytorch_tanh",
+                                num_position_embeddings=64, deepstack_visual_indexes=(0,))
+    video = ids["<|video_pad|>"] if ids["<|video_pad|>"] is not None else ids["<|image_pad|>"]
+    return M.ModelConfig(family=family, text=text, vision=vision, image_token_id=ids["<|image_pad|>"],
+                         video_token_id=video, vision_start_token_id=ids["<|vision_start|>"],
+                         vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=bool(tiny.tie))
+
+
+def _default_section(head_dim: int) -> tuple[int, int, int]:
+    half = head_dim // 2
+    t = half // 4
+    h = (half - t) // 2
+    return (t, h, half - t - h)
+
+
+def build_model(config: Any, tokenizer) -> tuple[M.QwenVL, M.ModelConfig]:
+    """(model, model_config) as ``config.model`` describes."""
+    mc = config.model
+    dtype = dtype_of(mc.dtype, "model.dtype")
+    param_dtype = dtype_of(mc.param_dtype, "model.param_dtype")
+    kw = dict(dtype=dtype, param_dtype=param_dtype, remat=mc.remat, scan_layers=mc.scan_layers)
+    if mc.hf_path:
+        if not os.path.isdir(mc.hf_path):
+            raise FileNotFoundError(f"model.hf_path: {mc.hf_path!r} is not a folder")
+        model, model_config = M.load_hf(mc.hf_path, **kw)
+        return model, model_config
+    if mc.name == "tiny":
+        model_config = tiny_model_config(mc.tiny, tokenizer)
+    else:
+        model_config = M.named_config(mc.name)
+    model = M.QwenVL(model_config, rngs=nnx.Rngs(mc.seed), **kw)
+    return model, model_config
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+    if not path or not os.path.isdir(path):
+        raise FileNotFoundError(f"tokenizer folder {path!r} not found")
+    return AutoTokenizer.from_pretrained(path)
+
+
+def export(graphdef, params, model_config: M.ModelConfig, tokenizer, path: str) -> str:
+    """Write params as a Hugging Face folder (config, safetensors, tokenizer)."""
+    model = nnx.merge(graphdef, params)
+    M.save_hf(model, model_config, path)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
+    return path

@@ -1,0 +1,35 @@
+"""Train: ``python -m launch.train --config=configs/X.py[:arg] --workdir=DIR [--config.a.b=v]``.
+
+Re-running the same command resumes from the latest complete checkpoint in DIR.
+"""
+
+from guilibra_jax.train import distributed
+
+distributed.apply_gpu_xla_flags()  # before jax initialises its backends
+
+import logging  # noqa: E402
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Recipe file: configs/X.py[:arg].", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run folder (metrics, checkpoints, export).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    del argv
+    logging.getLogger().setLevel(logging.INFO)
+    from guilibra_jax.train import config as run_config
+    from guilibra_jax.train import loop
+
+    config = _CONFIG.value
+    run_config.validate(config)
+    d = config.distributed
+    distributed.initialize(d.coordinator_address, d.num_processes, d.process_id, d.local_device_ids)
+    row = loop.train(config, _WORKDIR.value)
+    logging.info("final: %s", row)
+
+
+if __name__ == "__main__":
+    app.run(main)
