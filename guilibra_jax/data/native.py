@@ -16,6 +16,8 @@ it; the synthetic world writes it directly. Fields::
     alternatives   list[dict]     other valid actions in this state (same form as target)
     source         str            data source / domain (for mixing and rebalancing)
     split          str            "train" | "test"
+    thought        str | null     optional short "Thought:" line of UI-MOPD mobile targets
+                                  (written only when set)
 
     target = {action_type (canonical GUI-Libra), action_description, value | null,
               point [x, y] | null (unit space), bbox [x1, y1, x2, y2] | null (unit space),
@@ -85,15 +87,19 @@ class StepRecord:
     alternatives: tuple[StepTarget, ...] = ()
     source: str = ""
     split: str = "train"
+    thought: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "trajectory_id": self.trajectory_id, "step": self.step, "platform": self.platform,
             "instruction": self.instruction, "history": list(self.history), "image": self.image,
             "image_size": list(self.image_size), "target": self.target.to_dict(),
             "reasoning": self.reasoning, "alternatives": [a.to_dict() for a in self.alternatives],
             "source": self.source, "split": self.split,
         }
+        if self.thought is not None:
+            d["thought"] = self.thought
+        return d
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), ensure_ascii=False)
@@ -183,6 +189,9 @@ def record_from_dict(d: Any, where: str = "record") -> StepRecord:
     reasoning = d.get("reasoning")
     if reasoning is not None and not isinstance(reasoning, str):
         raise RecordError(f"{where}: field 'reasoning' must be a string or null")
+    thought = d.get("thought")
+    if thought is not None and not isinstance(thought, str):
+        raise RecordError(f"{where}: field 'thought' must be a string or null")
     alts = d.get("alternatives") or []
     if not isinstance(alts, list):
         raise RecordError(f"{where}: field 'alternatives' must be a list")
@@ -199,4 +208,5 @@ def record_from_dict(d: Any, where: str = "record") -> StepRecord:
         alternatives=tuple(target_from_dict(a, f"{where}: alternatives[{i}]") for i, a in enumerate(alts)),
         source=str(d.get("source") or ""),
         split=split,
+        thought=thought,
     )

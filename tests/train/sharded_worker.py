@@ -14,8 +14,8 @@ import sys
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--devices", type=int, default=8)
-    ap.add_argument("--mesh", default="1,1,1", help="data,fsdp,tensor")
-    ap.add_argument("--use_devices", type=int, default=0, help="use only the first N devices (0 = all)")
+    ap.add_argument("--mesh", default="1,1,1", help="data,fsdp,tensor[;data,fsdp,tensor...]: runs each in turn; "
+                    "a mesh of fewer devices than available uses the first ones")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--images", type=int, default=1)
     ap.add_argument("--num_processes", type=int, default=1)
@@ -28,22 +28,37 @@ def main():
     if args.num_processes > 1:
         jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}", num_processes=args.num_processes,
                                    process_id=args.process_id)
-    import numpy as np
     from flax import nnx
 
     from guilibra_jax import models as M
-    from guilibra_jax import sharding as S
     from guilibra_jax.train import fake_batch as F
-    from guilibra_jax.train import optimizer, sft_step
-    from guilibra_jax.train.loop import put_batch, stack_micro_batches
 
     nnx.use_eager_sharding(False)
     jax.config.update("jax_enable_x64", False)
     cfg = F.tiny_config(hidden=64)
     model = M.QwenVL(cfg, rngs=nnx.Rngs(0))
     graphdef, pstate, _ = nnx.split(model, nnx.Param, ...)
-    devices = jax.devices()[:args.use_devices] if args.use_devices else jax.devices()
-    mesh = S.make_mesh([int(x) for x in args.mesh.split(",")], devices=devices)
+    results = []
+    for mesh_arg in args.mesh.split(";"):
+        shape = [int(x) for x in mesh_arg.split(",")]
+        results.append(run_mesh(shape, args, cfg, graphdef, pstate))
+    print(json.dumps(results))
+    sys.stdout.flush()
+
+
+def run_mesh(shape, args, cfg, graphdef, pstate):
+    import math
+
+    import jax
+    from flax import nnx
+
+    from guilibra_jax import sharding as S
+    from guilibra_jax.train import fake_batch as F
+    from guilibra_jax.train import optimizer, sft_step
+    from guilibra_jax.train.loop import put_batch, stack_micro_batches
+
+    devices = jax.devices()[:math.prod(shape)]
+    mesh = S.make_mesh(shape, devices=devices)
     param_sh = S.param_shardings(pstate, mesh, log=False)
     params = nnx.to_pure_dict(pstate)
     tx, sched = optimizer.make_optimizer(params, lr=1e-2, total_steps=10)
@@ -64,10 +79,8 @@ def main():
             full = {k: (v[:, rows] if k == "positions" else v[rows]) for k, v in full.items()}
         state, metrics = step(state, put_batch(stack_micro_batches([full]), mesh))
         losses.append(float(metrics["loss"]))
-    spec = {k: str(v.spec) for k, v in jax.tree_util.tree_leaves_with_path(param_sh)[:0]}
-    print(json.dumps({"losses": losses, "devices": len(devices), "process": pid,
-                      "sharded_params": sum(1 for s in jax.tree.leaves(param_sh) if any(s.spec)), **spec}))
-    sys.stdout.flush()
+    return {"mesh": shape, "losses": losses, "devices": len(devices), "process": pid,
+            "sharded_params": sum(1 for s in jax.tree.leaves(param_sh) if any(s.spec))}
 
 
 if __name__ == "__main__":

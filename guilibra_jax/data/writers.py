@@ -1,0 +1,160 @@
+"""Writers: native JSONL, and native -> GUI-Libra SFT JSON / RL parquet, so the
+converter round-trips (native -> guilibra_sft -> native, native -> guilibra_rl -> native).
+
+Fields the GUI-Libra formats lack travel in a ``meta`` object (SFT) or the
+``extra_info`` JSON column (RL): trajectory id, step, platform, split, boxes, tool call,
+alternatives. Coordinates are written unrounded by default (``round_coords=False``) so
+that a round trip keeps them up to float rounding; the releases use integers.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from typing import Any, Iterable
+
+from guilibra_jax import actions as A
+from guilibra_jax.data import images as I
+from guilibra_jax.data import prompts as P
+from guilibra_jax.data.native import StepRecord
+
+
+def _rel(path: str, out_dir: str) -> str:
+    """``path`` relative to ``out_dir`` when it lies inside it, else absolute."""
+    if not os.path.isabs(path):
+        return path
+    rel = os.path.relpath(path, out_dir)
+    return path if rel.startswith("..") else rel
+
+
+def _json_image(image: Any, out_dir: str) -> Any:
+    """A JSON-able native image field: paths relative to ``out_dir``, bytes as base64."""
+    if isinstance(image, str):
+        return _rel(image, out_dir)
+    if isinstance(image, dict) and isinstance(image.get("bytes"), (bytes, bytearray)):
+        return {"b64": base64.b64encode(bytes(image["bytes"])).decode("ascii")}
+    return image
+
+
+def _image_bytes(image: Any) -> bytes:
+    if isinstance(image, dict) and isinstance(image.get("bytes"), (bytes, bytearray)):
+        return bytes(image["bytes"])
+    if isinstance(image, dict):
+        key = next((k for k in ("png_b64", "jpeg_b64", "b64") if k in image), None)
+        if key is not None:
+            return base64.b64decode(image[key])
+    if isinstance(image, str):
+        with open(I.resolve_image_path(image), "rb") as f:
+            return f.read()
+    raise ValueError(f"cannot get bytes of image {str(image)[:60]!r}")
+
+
+def write_native(records: Iterable[StepRecord], path: str) -> int:
+    """Native JSONL; image paths relative to the output folder. Returns the count."""
+    out_dir = os.path.dirname(os.path.abspath(path))
+    n = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for r in records:
+            d = r.to_dict()
+            d["image"] = _json_image(r.image, out_dir)
+            f.write(json.dumps(d, ensure_ascii=False) + "\n")
+            n += 1
+    return n
+
+
+def _meta(r: StepRecord) -> dict[str, Any]:
+    t = r.target.to_dict()
+    m = {"trajectory_id": r.trajectory_id, "step": r.step, "platform": r.platform, "source": r.source,
+         "split": r.split, "image_size": list(r.image_size), "bbox": t["bbox"], "bbox2": t["bbox2"],
+         "tool_call": t["tool_call"], "action_target": t["action_target"],
+         "alternatives": [a.to_dict() for a in r.alternatives]}
+    if r.thought is not None:
+        m["thought"] = r.thought
+    return m
+
+
+def sft_item(r: StepRecord, image: Any, *, round_coords: bool = False, with_reasoning: bool = True) -> dict:
+    """One GUI-Libra SFT record (LLaVA style); point_2d in pixels of ``image_size``,
+    the frame the user turn states. Qwen2.5 think tag (``<think>``)."""
+    action = r.target.action("pixels", image_size=r.image_size)
+    if r.target.point is not None and not round_coords:
+        action = A.Action(action.action_type, action.action_description, action.value,
+                          A.from_unit(r.target.point, "pixels", image_size=r.image_size, round_to_int=False),
+                          action.action_target)
+    gpt = A.render_response(action, r.reasoning if with_reasoning else None, "qwen2_5_vl")
+    human = P.IMAGE_PLACEHOLDER + "\n" + P.guilibra_user_text(r.instruction, r.history, r.image_size,
+                                                              with_image=False)
+    return {"image": image, "conversations": [
+        {"from": "system", "value": P.guilibra_system_prompt(r.platform)},
+        {"from": "human", "value": human}, {"from": "gpt", "value": gpt}], "meta": _meta(r)}
+
+
+def native_to_guilibra_sft(records: Iterable[StepRecord], path: str, *, round_coords: bool = False,
+                           noreason_twin: bool = False) -> int:
+    """GUI-Libra SFT JSON array at ``path`` (and ``*_noreason.json`` with ``noreason_twin``).
+    Inline images are written as PNG files into ``<path stem>_images/``."""
+    out_dir = os.path.dirname(os.path.abspath(path))
+    stem = os.path.splitext(os.path.abspath(path))[0]
+    items, twins = [], []
+    for k, r in enumerate(records):
+        if isinstance(r.image, str):
+            image = _rel(r.image, out_dir)
+        else:
+            os.makedirs(stem + "_images", exist_ok=True)
+            fname = os.path.join(stem + "_images", f"{k:07d}.png")
+            I.load_image(r.image).save(fname)
+            image = _rel(fname, out_dir)
+        items.append(sft_item(r, image, round_coords=round_coords))
+        if noreason_twin:
+            twins.append(sft_item(r, image, round_coords=round_coords, with_reasoning=False))
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(items, f, ensure_ascii=False)
+    if noreason_twin:
+        with open(stem + "_noreason.json", "w", encoding="utf-8") as f:
+            json.dump(twins, f, ensure_ascii=False)
+    return len(items)
+
+
+def rl_row(r: StepRecord) -> dict[str, Any]:
+    t = r.target
+    extra = {"trajectory_id": r.trajectory_id, "step": r.step, "platform": r.platform, "split": r.split,
+             "reasoning": r.reasoning, "action_description": t.action_description,
+             "alternatives": [a.to_dict() for a in r.alternatives],
+             "bbox2": None if t.bbox2 is None else list(t.bbox2),
+             "tool_call": None if t.tool_call is None else t.tool_call.to_json_dict()}
+    if r.thought is not None:
+        extra["thought"] = r.thought
+    return {
+        "images": [{"bytes": _image_bytes(r.image), "path": None}],
+        "system_prompt": P.guilibra_system_prompt(r.platform),
+        "context": P.guilibra_user_text(r.instruction, r.history, r.image_size, with_image=False),
+        "data_source": r.source,
+        "answer": {"gt_action": t.action_type,
+                   "gt_bbox": None if t.bbox is None else [c * 1000.0 for c in t.bbox],
+                   "gt_point_2d": None if t.point is None else list(t.point),
+                   "gt_input_text": t.value, "gt_target": t.action_target,
+                   "image_width": int(r.image_size[0]), "image_height": int(r.image_size[1])},
+        "extra_info": json.dumps({"native": extra}, ensure_ascii=False),
+    }
+
+
+def native_to_guilibra_rl(records: Iterable[StepRecord], path: str) -> int:
+    """GUI-Libra RL parquet at ``path``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rows = [rl_row(r) for r in records]
+    schema = pa.schema([
+        ("images", pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())]))),
+        ("system_prompt", pa.string()), ("context", pa.string()), ("data_source", pa.string()),
+        ("answer", pa.struct([("gt_action", pa.string()), ("gt_bbox", pa.list_(pa.float64())),
+                              ("gt_point_2d", pa.list_(pa.float64())), ("gt_input_text", pa.string()),
+                              ("gt_target", pa.string()), ("image_width", pa.int64()),
+                              ("image_height", pa.int64())])),
+        ("extra_info", pa.string()),
+    ])
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    return len(rows)
+
+
+WRITERS = {"native": write_native, "guilibra_sft": native_to_guilibra_sft, "guilibra_rl": native_to_guilibra_rl}

