@@ -27,15 +27,20 @@ def base_config() -> mlc.ConfigDict:
     c.tokenizer = mlc.ConfigDict(dict(path=""))  # "" = the model folder's tokenizer
     c.data = mlc.ConfigDict(dict(
         format="native",     # native | guilibra_sft | guilibra_rl | uni_gui
-        train_files=(),      # paths or globs
-        eval_files=(),
+        train_files=(),      # files, folders or globs
+        eval_files=(),       # held-out records for the periodic offline eval (native)
+        image_root="",       # guilibra_sft: folder relative image paths start from
         method="guilibra",   # guilibra (<answer> JSON) | mopd (tool calls): the target format
-        reasoning_mix=0.5,   # fraction of samples that keep their reasoning (1:1 default)
-        max_length=1024, batch_size=8, seed=0, workers=0,
-        min_pixels=56 * 56, max_pixels=28 * 28 * 1280, max_patches=0,  # 0: from max_pixels
+        mix="both",          # both (each step as reasoning + direct-action sample: 1:1) |
+                             # reasoning | direct | a probability of keeping the reasoning, e.g. "0.5"
+        max_length=4096,     # longer samples are filtered (counted, never silently)
+        seq_buckets=(),      # padded lengths; () = one bucket of max_length (no recompiles)
+        patch_bucket=2048,   # pixel rows per batch rounded up to a multiple of this
+        min_pixels=0, max_pixels=0,  # image processor bounds; 0 = the family's default
+        batch_size=8, seed=0, workers=0, pack=False,
         max_bad_fraction=0.05,
-        synthetic=dict(enabled=False, platforms=("mobile", "desktop"), tasks=200, seed=0,
-                       screen_width=112, screen_height=112, test_fraction=0.2, tokenizer_vocab=1024),
+        synthetic=dict(enabled=False, platforms=("desktop", "mobile"), tasks=200, seed=0,
+                       test_fraction=0.2, tokenizer_vocab=1024),
     ))
     c.loss = mlc.ConfigDict(dict(alpha_action=2.0, alpha_grounding=4.0, normalize="sample"))
     c.optim = mlc.ConfigDict(dict(
@@ -76,8 +81,13 @@ def validate(c: mlc.ConfigDict) -> None:
         _fail("data.format", d.format, "native, guilibra_sft, guilibra_rl or uni_gui")
     if d.method not in ("guilibra", "mopd"):
         _fail("data.method", d.method, "guilibra or mopd")
-    if not 0.0 <= d.reasoning_mix <= 1.0:
-        _fail("data.reasoning_mix", d.reasoning_mix, "a fraction in [0, 1]")
+    if d.mix not in ("both", "reasoning", "direct"):
+        try:
+            p = float(d.mix)
+        except ValueError:
+            p = -1.0
+        if not 0.0 <= p <= 1.0:
+            _fail("data.mix", d.mix, "both, reasoning, direct or a probability such as '0.5'")
     if not d.synthetic.enabled and not d.train_files:
         _fail("data.train_files", d.train_files, "at least one file (or data.synthetic.enabled=True)")
     for key in ("max_length", "batch_size"):

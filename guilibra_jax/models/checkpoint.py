@@ -1,0 +1,249 @@
+"""Hugging Face safetensors checkpoints <-> QwenVL (never pickle).
+
+Internally every parameter has a canonical HF name in transformers 5's module layout
+(`model.language_model.*`, `model.visual.*`, `lm_head.weight`). Files may use the older
+Qwen2.5-VL layout (`model.layers.*`, `visual.*`); `load_hf` accepts both, `save_hf` writes
+the layout the family's released checkpoints use.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from typing import Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+from safetensors.flax import save_file
+
+from guilibra_jax.models.config import ModelConfig
+from guilibra_jax.models.model import QwenVL
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
+                   "added_tokens.json", "chat_template.json", "chat_template.jinja", "preprocessor_config.json",
+                   "video_preprocessor_config.json", "processor_config.json", "generation_config.json")
+
+
+class CheckpointError(ValueError):
+  """A tensor is missing, unexpected or mis-shaped; the message names the tensor and the file."""
+
+
+# ----------------------------------------------------------------------------- names
+def canonical_name(name: str) -> str:
+  """File tensor name -> canonical (transformers 5 module) name."""
+  if name.startswith("visual."):
+    return "model." + name
+  for sub in ("layers.", "embed_tokens.", "norm."):
+    if name.startswith("model." + sub):
+      return "model.language_model." + name[len("model."):]
+  return name
+
+
+def file_name(canonical: str, family: str) -> str:
+  """Canonical name -> the name the family's released checkpoints use."""
+  if family == "qwen2_5_vl":
+    if canonical.startswith("model.visual."):
+      return canonical[len("model."):]
+    if canonical.startswith("model.language_model."):
+      return "model." + canonical[len("model.language_model."):]
+  return canonical
+
+
+def _kernel_in_dims(path: tuple) -> int:
+  mod, parent = path[-2], path[-3] if len(path) >= 3 else None
+  return 2 if mod == "o_proj" or (mod == "proj" and parent == "attn") else 1
+
+
+def _entries(state, config: ModelConfig) -> Iterator[tuple[str, tuple, int | None, str]]:
+  """(canonical HF name, state path, layer index for stacked params or None, kind) per HF tensor."""
+  for path, _ in nnx.to_flat_state(state):
+    path = tuple(path)
+    leaf = path[-1]
+    if path[0] == "visual" and path[1:3] == ("patch_embed", "proj") and leaf == "kernel":
+      kind = "conv"
+    elif leaf == "kernel":
+      kind = f"linear{_kernel_in_dims(path)}"
+    elif leaf == "embedding":
+      kind = "embed"
+    else:
+      kind = "flat"  # bias, norm scale / bias: flattened in HF
+    mods = [str(p) for p in path[:-1]]
+    suffix = "bias" if leaf == "bias" else "weight"
+    prefix = "model." + ".".join(mods)
+    if mods[0] == "lm_head":
+      yield "lm_head.weight", path, None, kind
+    elif mods[0] == "language_model" and mods[1] == "layers" and not mods[2].isdigit():  # scanned layers
+      for i in range(config.text.num_layers):
+        name = "model.language_model.layers.%d.%s.%s" % (i, ".".join(mods[2:]), suffix)
+        yield name, path, i, kind
+    else:
+      yield f"{prefix}.{suffix}", path, None, kind
+
+
+def _to_hf(value: np.ndarray | jax.Array, kind: str, config: ModelConfig):
+  if kind == "conv":  # [C*t*p*p, D] -> [D, C, t, p, p]
+    v = config.vision
+    return value.T.reshape(v.hidden_size, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
+  if kind.startswith("linear"):
+    n_in = int(kind[-1])
+    shape = value.shape
+    return value.reshape(math.prod(shape[:n_in]), math.prod(shape[n_in:])).T
+  return value.reshape(-1) if kind == "flat" else value
+
+
+def _from_hf(tensor, kind: str, target_shape: tuple):
+  if kind == "conv":
+    return tensor.reshape(tensor.shape[0], -1).T.reshape(target_shape)
+  if kind.startswith("linear"):
+    if tensor.ndim != 2:
+      raise ValueError(f"expected a 2-D weight, found shape {tuple(tensor.shape)}")
+    return tensor.T.reshape(target_shape)
+  return tensor.reshape(target_shape)
+
+
+def _hf_shape_of(shape: tuple, kind: str, config: ModelConfig) -> tuple:
+  if kind == "conv":
+    v = config.vision
+    return (v.hidden_size, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
+  if kind.startswith("linear"):
+    n_in = int(kind[-1])
+    return (math.prod(shape[n_in:]), math.prod(shape[:n_in]))
+  return shape if kind == "embed" else (math.prod(shape),)
+
+
+# ----------------------------------------------------------------------------- load
+def _tensor_files(path: str) -> dict[str, str]:
+  """tensor name (as in the files) -> file path."""
+  index = os.path.join(path, "model.safetensors.index.json")
+  if os.path.exists(index):
+    with open(index) as f:
+      weight_map = json.load(f)["weight_map"]
+    return {k: os.path.join(path, v) for k, v in weight_map.items()}
+  single = os.path.join(path, "model.safetensors")
+  if not os.path.exists(single):
+    raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json")
+  with safe_open(single, framework="flax") as f:
+    return {k: single for k in f.keys()}
+
+
+def load_hf(path: str, dtype=jnp.float32, param_dtype=jnp.float32, **model_kwargs) -> tuple[QwenVL, ModelConfig]:
+  """Load a local HF checkpoint folder (config.json + single or sharded safetensors).
+
+  model_kwargs go to QwenVL (remat, scan_layers). Raises CheckpointError naming the tensor
+  and file on a missing, unexpected or mis-shaped tensor.
+  """
+  path = os.fspath(path)
+  config = ModelConfig.from_hf(path)
+  abstract = nnx.eval_shape(lambda: QwenVL(config, dtype=dtype, param_dtype=param_dtype, **model_kwargs))
+  gdef, state = nnx.split(abstract)
+  files = _tensor_files(path)
+  by_canonical = {canonical_name(k): k for k in files}
+  entries = list(_entries(state, config))
+  expected = {e[0] for e in entries}
+  unexpected = sorted(k for k in by_canonical if k not in expected and not (
+      k == "lm_head.weight" and config.tie_word_embeddings))
+  if unexpected:
+    k = by_canonical[unexpected[0]]
+    raise CheckpointError(f"unexpected tensor {k!r} in {files[k]} ({len(unexpected)} unexpected in all: "
+                          f"{[by_canonical[u] for u in unexpected[:5]]})")
+  missing = sorted(expected - set(by_canonical))
+  if missing:
+    raise CheckpointError(f"missing tensor {file_name(missing[0], config.family)!r} in {path} "
+                          f"({len(missing)} missing in all: {missing[:5]})")
+
+  handles: dict[str, object] = {}
+  stacked: dict[tuple, list] = {}
+  flat = dict((tuple(p), v) for p, v in nnx.to_flat_state(state))
+  values: dict[tuple, jax.Array] = {}
+  try:
+    for name, spath, layer, kind in entries:
+      key = by_canonical[name]
+      fpath = files[key]
+      if fpath not in handles:
+        handles[fpath] = safe_open(fpath, framework="flax").__enter__()
+      tensor = handles[fpath].get_tensor(key)
+      target = flat[spath]
+      tshape = tuple(target.shape[1:]) if layer is not None else tuple(target.shape)
+      want = _hf_shape_of(tshape, kind, config)
+      if tuple(tensor.shape) != want:
+        raise CheckpointError(f"tensor {key!r} in {fpath} has shape {tuple(tensor.shape)}, expected {want}")
+      arr = _from_hf(jnp.asarray(tensor), kind, tshape).astype(param_dtype)
+      if layer is None:
+        values[spath] = arr
+      else:
+        stacked.setdefault(spath, [None] * config.text.num_layers)[layer] = arr
+  finally:
+    for h in handles.values():
+      h.__exit__(None, None, None)
+  for spath, arrs in stacked.items():
+    values[spath] = jnp.stack(arrs)
+  for spath, var in flat.items():
+    var.set_value(values[spath])
+  model = nnx.merge(gdef, nnx.from_flat_state(flat))
+  return model, config
+
+
+# ----------------------------------------------------------------------------- save
+def hf_state_dict(model: QwenVL, dtype=None) -> dict[str, jax.Array]:
+  """Canonical HF name -> array in HF layout."""
+  config = model.config
+  state = nnx.state(model, nnx.Param)
+  flat = dict((tuple(p), v) for p, v in nnx.to_flat_state(state))
+  out = {}
+  for name, spath, layer, kind in _entries(state, config):
+    value = flat[spath].get_value()
+    if layer is not None:
+      value = value[layer]
+    value = _to_hf(value, kind, config)
+    out[name] = value.astype(dtype) if dtype is not None else value
+  return out
+
+
+def save_hf(model: QwenVL, config: ModelConfig | None, path: str, *, dtype=None, max_shard_bytes: int = 5 * 2**30,
+            tokenizer_dir: str | None = None) -> None:
+  """Write config.json + safetensors (sharded with an index when above max_shard_bytes).
+
+  tokenizer_dir: copy tokenizer / processor / generation files found there.
+  """
+  config = config or model.config
+  os.makedirs(path, exist_ok=True)
+  hf = config.to_hf()
+  tensors = {file_name(k, config.family): v for k, v in hf_state_dict(model, dtype).items()}
+  some = next(iter(tensors.values()))
+  hf["dtype"] = {jnp.dtype(jnp.bfloat16): "bfloat16", jnp.dtype(jnp.float16): "float16"}.get(
+      jnp.dtype(some.dtype), "float32")
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(hf, f, indent=2)
+  for old in os.listdir(path):
+    if old.startswith("model") and (old.endswith(".safetensors") or old.endswith(".safetensors.index.json")):
+      os.remove(os.path.join(path, old))
+  shards, cur, size = [], {}, 0
+  for k in sorted(tensors):
+    n = tensors[k].size * jnp.dtype(tensors[k].dtype).itemsize
+    if cur and size + n > max_shard_bytes:
+      shards.append(cur)
+      cur, size = {}, 0
+    cur[k] = tensors[k]
+    size += n
+  shards.append(cur)
+  if len(shards) == 1:
+    save_file(shards[0], os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+  else:
+    weight_map, total = {}, 0
+    for i, shard in enumerate(shards):
+      fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+      save_file(shard, os.path.join(path, fname), metadata={"format": "pt"})
+      for k, v in shard.items():
+        weight_map[k] = fname
+        total += v.size * jnp.dtype(v.dtype).itemsize
+    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+      json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+  if tokenizer_dir:
+    for fname in TOKENIZER_FILES:
+      src = os.path.join(tokenizer_dir, fname)
+      if os.path.exists(src):
+        shutil.copy(src, os.path.join(path, fname))

@@ -1,0 +1,133 @@
+"""QwenVL: the full Qwen2.5-VL / Qwen3-VL model (vision tower + M-RoPE decoder + LM head)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from guilibra_jax.models.attention import attention_mask
+from guilibra_jax.models.config import ModelConfig
+from guilibra_jax.models.layers import Linear
+from guilibra_jax.models.text import TextModel, cache_mask, init_cache
+from guilibra_jax.models.vision import VisionTower
+
+REMAT_POLICIES = {
+    "none": None,
+    "full": "full",
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+}
+
+
+class QwenVL(nnx.Module):
+  """Qwen2.5-VL / Qwen3-VL in Flax NNX.
+
+  Inputs of every entry point:
+    input_ids [B, T] int32, positions [3, B, T] int32 (from `get_rope_index`),
+    segment_ids [B, T] int32 (0 = padding, k > 0 = packed sample k; causal within equal ids),
+    pixel_values [P, C*t*p*p] (all images of the batch, optionally padded) and `vision`, the
+    dict from `prepare_vision_inputs` (arrays only are used).
+  """
+
+  def __init__(self, config: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32, remat: str = "none",
+               scan_layers: bool = False, rngs: nnx.Rngs | None = None):
+    if remat not in REMAT_POLICIES:
+      raise ValueError(f"remat must be one of {sorted(REMAT_POLICIES)}, got {remat!r}")
+    rngs = rngs if rngs is not None else nnx.Rngs(0)
+    self.config = config
+    self.dtype = dtype
+    self.param_dtype = param_dtype
+    self.scan_layers = scan_layers
+    policy = REMAT_POLICIES[remat]
+    self.visual = VisionTower(config, dtype=dtype, param_dtype=param_dtype, remat=policy, rngs=rngs)
+    self.language_model = TextModel(config, dtype=dtype, param_dtype=param_dtype, remat_policy=policy,
+                                    scan_layers=scan_layers, rngs=rngs)
+    if not config.tie_word_embeddings:
+      self.lm_head = Linear((config.text.hidden_size,), (config.text.vocab_size,), ("embed",), ("vocab",),
+                            use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    else:
+      self.lm_head = None
+
+  # ------------------------------------------------------------------ pieces
+  def image_features(self, pixel_values, vision: dict):
+    """-> (merged [P/m^2, D], deepstack list of [P/m^2, D]) in image order; padding rows last."""
+    return self.visual(pixel_values.astype(self.dtype), vision)
+
+  def _embed(self, input_ids, pixel_values, vision):
+    h = self.language_model.embed_tokens(input_ids)
+    if pixel_values is None:
+      return h, None, 0
+    merged, deepstack = self.image_features(pixel_values, vision)
+    is_image = input_ids == self.config.image_token_id  # [B, T]
+    # k-th <|image_pad|> token of the batch (row-major) takes merged feature k.
+    idx = jnp.cumsum(is_image.reshape(-1)).reshape(is_image.shape) - 1
+    idx = jnp.clip(idx, 0, merged.shape[0] - 1)
+    h = jnp.where(is_image[..., None], merged[idx].astype(h.dtype), h)
+    if not deepstack:
+      return h, None, 0
+    stacked = jnp.stack(deepstack)  # [n, P/m^2, D]
+
+    def add(i):
+      return jnp.where(is_image[..., None], stacked[i][idx].astype(h.dtype), 0)
+
+    return h, add, len(deepstack)
+
+  def hidden_states(self, input_ids, positions, segment_ids, pixel_values=None, vision=None):
+    """Final-normed decoder hidden states [B, T, D] (compute dtype)."""
+    h, add, n_ds = self._embed(input_ids, pixel_values, vision)
+    mask = attention_mask(segment_ids, segment_ids, causal=True)
+    h, _ = self.language_model(h, positions, mask, add, n_ds)
+    return h
+
+  def logits_from_hidden(self, h):
+    """[..., D] -> float32 logits [..., V]."""
+    if self.lm_head is None:
+      w = self.language_model.embed_tokens.embedding[...].astype(self.dtype)
+      return jnp.einsum("...d,vd->...v", h.astype(self.dtype), w, preferred_element_type=jnp.float32)
+    w = self.lm_head.kernel[...].astype(self.dtype)
+    return jnp.einsum("...d,dv->...v", h.astype(self.dtype), w, preferred_element_type=jnp.float32)
+
+  def __call__(self, input_ids, positions, segment_ids, pixel_values=None, vision=None):
+    """float32 logits [B, T, V]."""
+    return self.logits_from_hidden(self.hidden_states(input_ids, positions, segment_ids, pixel_values, vision))
+
+  # ------------------------------------------------------------------ generation
+  def prefill(self, input_ids, positions, segment_ids, pixel_values=None, vision=None, cache_size: int = 0,
+              cache_dtype=None):
+    """Run a left-padded prompt [B, T] into a fresh KV cache of `cache_size` >= T slots.
+
+    Returns (logits [B, V] float32 at the last prompt position, cache).
+    """
+    b, t = input_ids.shape
+    cache_size = cache_size or t
+    if cache_size < t:
+      raise ValueError(f"cache_size={cache_size} is smaller than the prompt length {t}")
+    cache = init_cache(self.config, b, cache_size, cache_dtype or self.dtype)
+    seg = segment_ids.astype(jnp.int32)
+    cache["segment_ids"] = cache["segment_ids"].at[:, :t].set(seg)
+    cache["decode_segment"] = jnp.maximum(seg.max(axis=1), 1)
+    h, add, n_ds = self._embed(input_ids, pixel_values, vision)
+    mask = cache_mask(cache, seg, 0)
+    h, (k, v) = self.language_model(h, positions, mask, add, n_ds, cache=(cache["k"], cache["v"]),
+                                    index=jnp.zeros((), jnp.int32))
+    cache.update(k=k, v=v, index=jnp.asarray(t, jnp.int32))
+    return self.logits_from_hidden(h[:, -1]), cache
+
+  def decode_step(self, tokens, positions, cache):
+    """One token per row: tokens [B], positions [3, B] -> (logits [B, V] float32, cache)."""
+    index = cache["index"]
+    seg = cache["decode_segment"][:, None]
+    cache = dict(cache)
+    cache["segment_ids"] = jax.lax.dynamic_update_slice(cache["segment_ids"], seg, (0, index))
+    h = self.language_model.embed_tokens(tokens[:, None])
+    mask = cache_mask(cache, seg, index)
+    h, (k, v) = self.language_model(h, positions[:, :, None], mask, cache=(cache["k"], cache["v"]), index=index)
+    cache.update(k=k, v=v, index=index + 1)
+    return self.logits_from_hidden(h[:, 0]), cache
+
+
+def param_count(config: ModelConfig) -> int:
+  """Number of parameters, by shape evaluation only (no weights are allocated)."""
+  state = nnx.eval_shape(lambda: nnx.state(QwenVL(config, rngs=nnx.Rngs(0)), nnx.Param))
+  return int(sum(x.size for x in jax.tree.leaves(state)))

@@ -1,0 +1,163 @@
+"""Qwen2/2.5 and Qwen3 text decoder (GQA, SwiGLU, RMSNorm, M-RoPE) with a KV cache.
+
+The KV cache is a dict pytree:
+  k, v          [L, B, S, K, H]  keys / values per layer (S = cache_size)
+  segment_ids   [B, S] int32     0 = empty slot or padding; attention needs equal ids
+  index         [] int32         next slot to write (the same for every row: left padding)
+  decode_segment [B] int32       segment id given to generated tokens
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from guilibra_jax.models.attention import attention_mask, dot_product_attention
+from guilibra_jax.models.config import ModelConfig, TextConfig
+from guilibra_jax.models.layers import Embed, Linear, RMSNorm, apply_rope, text_rope
+from guilibra_jax.models.vision import GatedMLP
+
+
+class Attention(nnx.Module):
+
+  def __init__(self, tc: TextConfig, *, dtype, param_dtype, rngs):
+    d, n, k, h = tc.hidden_size, tc.num_heads, tc.num_kv_heads, tc.head_dim
+    kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.q_proj = Linear((d,), (n, h), ("embed",), ("heads", "head_dim"), use_bias=tc.qkv_bias, **kw)
+    self.k_proj = Linear((d,), (k, h), ("embed",), ("kv_heads", "head_dim"), use_bias=tc.qkv_bias, **kw)
+    self.v_proj = Linear((d,), (k, h), ("embed",), ("kv_heads", "head_dim"), use_bias=tc.qkv_bias, **kw)
+    # Qwen2.5: o_proj has no bias; Qwen3: bias iff attention_bias.
+    o_bias = tc.qkv_bias and tc.qk_norm
+    self.o_proj = Linear((n, h), (d,), ("heads", "head_dim"), ("embed",), use_bias=o_bias, **kw)
+    if tc.qk_norm:
+      self.q_norm = RMSNorm(h, ("head_dim",), eps=tc.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
+      self.k_norm = RMSNorm(h, ("head_dim",), eps=tc.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
+    self.qk_norm = tc.qk_norm
+    self.scale = h**-0.5
+
+  def __call__(self, x, cos, sin, mask, kv_cache=None, index=None):
+    """x [B, T, D]; cos/sin [B, T, H]; mask [B, 1, T, S]; kv_cache (k, v) [B, S, K, H] or None."""
+    q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+    if self.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    cos, sin = cos.astype(q.dtype), sin.astype(q.dtype)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if kv_cache is not None:
+      ck, cv = kv_cache
+      k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0))
+      v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, index, 0, 0))
+    out = dot_product_attention(q, k, v, mask, scale=self.scale)
+    return self.o_proj(out), (k, v)
+
+
+class DecoderLayer(nnx.Module):
+
+  def __init__(self, tc: TextConfig, *, dtype, param_dtype, rngs):
+    self.self_attn = Attention(tc, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.mlp = GatedMLP(tc.hidden_size, tc.intermediate_size, "silu", "embed", "mlp", use_bias=False, dtype=dtype,
+                        param_dtype=param_dtype, rngs=rngs)
+    self.input_layernorm = RMSNorm(tc.hidden_size, ("embed",), eps=tc.rms_norm_eps, dtype=dtype,
+                                   param_dtype=param_dtype)
+    self.post_attention_layernorm = RMSNorm(tc.hidden_size, ("embed",), eps=tc.rms_norm_eps, dtype=dtype,
+                                            param_dtype=param_dtype)
+
+  def __call__(self, x, cos, sin, mask, kv_cache=None, index=None):
+    a, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv_cache, index)
+    x = x + a
+    x = x + self.mlp(self.post_attention_layernorm(x))
+    return x, kv
+
+
+class TextModel(nnx.Module):
+  """embed_tokens, layers, norm. With scan_layers the layers are one module with stacked [L, ...] params."""
+
+  def __init__(self, config: ModelConfig, *, dtype, param_dtype, remat_policy=None, scan_layers=False, rngs):
+    tc = config.text
+    self.tc = tc
+    self.dtype = dtype
+    self.remat_policy = remat_policy  # None = no remat, else a jax.checkpoint policy (or "full")
+    self.scan_layers = scan_layers
+    self.embed_tokens = Embed(tc.vocab_size, tc.hidden_size, ("vocab", "embed"), dtype=dtype,
+                              param_dtype=param_dtype, rngs=rngs)
+    if scan_layers:
+      @nnx.split_rngs(splits=tc.num_layers)
+      @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+      def make(r):
+        return DecoderLayer(tc, dtype=dtype, param_dtype=param_dtype, rngs=r)
+      self.layers = make(rngs)
+    else:
+      self.layers = nnx.List([DecoderLayer(tc, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+                              for _ in range(tc.num_layers)])
+    self.norm = RMSNorm(tc.hidden_size, ("embed",), eps=tc.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
+
+  def _checkpointed(self, fn: Callable) -> Callable:
+    if self.remat_policy is None:
+      return fn
+    policy = None if self.remat_policy == "full" else self.remat_policy
+    return jax.checkpoint(fn, policy=policy, prevent_cse=not self.scan_layers)
+
+  def __call__(self, h, positions, mask, deepstack_add: Callable | None = None, n_deepstack: int = 0,
+               cache=None, index=None):
+    """h [B, T, D] input embeddings; positions [3, B, T]; mask [B, 1, T, S].
+
+    deepstack_add(i) -> [B, T, D] is added after layer i < n_deepstack (Qwen3-VL).
+    cache: (k, v) stacked [L, B, S, K, H] or None. Returns (normed hidden, new (k, v) or None).
+    """
+    tc = self.tc
+    cos, sin = text_rope(positions, tc.head_dim, tc.rope_theta, tc.mrope_section, tc.mrope_interleaved)
+    if self.scan_layers:
+      gdef, stacked = nnx.split(self.layers)
+
+      def one_layer(layer_state, x, kv, i):
+        x, kv = nnx.merge(gdef, layer_state)(x, cos, sin, mask, kv, index)
+        if deepstack_add is not None and n_deepstack:
+          x = jax.lax.cond(i < n_deepstack, lambda: x + deepstack_add(jnp.minimum(i, n_deepstack - 1)), lambda: x)
+        return x, kv
+
+      step = self._checkpointed(one_layer)
+
+      def body(x, xs):
+        layer_state, kv, i = xs
+        x, kv = step(layer_state, x, kv, i)
+        return x, kv
+
+      h, new_cache = jax.lax.scan(body, h, (stacked, cache, jnp.arange(tc.num_layers)))
+      return self.norm(h), new_cache
+
+    ks, vs = [], []
+    for i in range(tc.num_layers):
+      gdef, layer_state = nnx.split(self.layers[i])
+      add = deepstack_add if (deepstack_add is not None and i < n_deepstack) else None
+
+      def one_layer(st, x, kv, g=gdef, add=add, i=i):
+        x, kv = nnx.merge(g, st)(x, cos, sin, mask, kv, index)
+        return (x if add is None else x + add(i)), kv
+
+      kv = None if cache is None else (cache[0][i], cache[1][i])
+      h, kv = self._checkpointed(one_layer)(layer_state, h, kv)
+      if cache is not None:
+        ks.append(kv[0])
+        vs.append(kv[1])
+    new_cache = (jnp.stack(ks), jnp.stack(vs)) if cache is not None else None
+    return self.norm(h), new_cache
+
+
+def init_cache(config: ModelConfig, batch: int, cache_size: int, dtype=jnp.float32) -> dict:
+  tc = config.text
+  shape = (tc.num_layers, batch, cache_size, tc.num_kv_heads, tc.head_dim)
+  return {
+      "k": jnp.zeros(shape, dtype),
+      "v": jnp.zeros(shape, dtype),
+      "segment_ids": jnp.zeros((batch, cache_size), jnp.int32),
+      "index": jnp.zeros((), jnp.int32),
+      "decode_segment": jnp.ones((batch,), jnp.int32),
+  }
+
+
+def cache_mask(cache: dict, q_segment_ids, index):
+  """Causal mask of T new tokens written at `index` against the whole cache."""
+  b, t = q_segment_ids.shape
+  q_index = index + jnp.broadcast_to(jnp.arange(t), (b, t))
+  return attention_mask(q_segment_ids, cache["segment_ids"], causal=True, q_index=q_index)

@@ -1,0 +1,226 @@
+"""What the trainer needs from the data side: the tokenizer, an endless iterator of
+fixed-shape device-ready batches with a resumable state, and the periodic held-out
+evaluation (greedy decoding + the verifier reward)."""
+
+from __future__ import annotations
+
+import collections
+import glob
+import json
+import logging
+import os
+from typing import Any
+
+import jax
+import numpy as np
+
+from guilibra_jax import actions as A
+from guilibra_jax import rewards as R
+from guilibra_jax.models.vision import device_vision_inputs
+
+log = logging.getLogger(__name__)
+
+TRAIN_KEYS = ("input_ids", "targets", "loss_segments", "segment_ids", "positions", "pixel_values", "vision")
+
+
+def synthetic_dir(workdir: str) -> str:
+    return os.path.join(workdir, "synthetic_data")
+
+
+def ensure_synthetic_data(config, workdir: str) -> dict:
+    """Export the synthetic world dataset into the workdir once (idempotent)."""
+    from guilibra_jax.envs.export import export_dataset
+    s = config.data.synthetic
+    out = synthetic_dir(workdir)
+    manifest_path = os.path.join(out, "manifest.json")
+    if os.path.exists(manifest_path):
+        with open(manifest_path) as f:
+            return json.load(f)
+    if jax.process_index() == 0:
+        manifest = export_dataset(out, platforms=tuple(s.platforms), n_tasks=s.tasks, seed=s.seed,
+                                  split_fraction=s.test_fraction, extra_formats=())
+        log.info("synthetic dataset: %s", {k: v for k, v in manifest.items() if "count" in k or k == "seconds"})
+        return manifest
+    raise RuntimeError("synthetic data must be exported by process 0 first")
+
+
+def _expand(patterns) -> list[str]:
+    files: list[str] = []
+    for p in patterns:
+        hits = sorted(glob.glob(p)) if any(ch in p for ch in "*?[") else [p]
+        if not hits:
+            raise FileNotFoundError(f"data file pattern {p!r} matches nothing")
+        files.extend(hits)
+    return files
+
+
+def train_files(config, workdir: str) -> list[str]:
+    if config.data.synthetic.enabled:
+        ensure_synthetic_data(config, workdir)
+        return [os.path.join(synthetic_dir(workdir), "train.jsonl")]
+    return _expand(config.data.train_files)
+
+
+def eval_files(config, workdir: str) -> list[str]:
+    if config.data.synthetic.enabled:
+        return [os.path.join(synthetic_dir(workdir), "test.jsonl")]
+    return _expand(config.data.eval_files)
+
+
+def prepare_tokenizer(config, workdir: str):
+    """The model folder's tokenizer, ``tokenizer.path``, or (random-init demo models
+    without one) a small BPE trained on the training records, saved in the workdir."""
+    from guilibra_jax.train.model_factory import load_tokenizer
+    path = config.tokenizer.path or config.model.hf_path
+    if path:
+        return load_tokenizer(path)
+    out = os.path.join(workdir, "tokenizer")
+    if not os.path.exists(os.path.join(out, "tokenizer.json")):
+        from guilibra_jax.data.demo_tokenizer import build_demo_tokenizer, demo_corpus
+        from guilibra_jax.envs.export import load_records
+        records = []
+        for f in train_files(config, workdir):
+            records.extend(load_records(f))
+        family = config.model.tiny.family
+        build_demo_tokenizer(demo_corpus(records, family, (config.data.method,)),
+                             config.data.synthetic.tokenizer_vocab, out)
+    return load_tokenizer(out)
+
+
+def data_config(config, files: list[str], *, for_eval: bool = False) -> dict:
+    d = config.data
+    mix: Any = d.mix
+    if mix not in ("both", "reasoning", "direct"):
+        mix = float(mix)
+    buckets = tuple(d.seq_buckets) or (d.max_length,)
+    return dict(
+        inputs=tuple(files), format=d.format, method=d.method, image_root=d.image_root or None,
+        batch_size=d.batch_size, seq_buckets=buckets, max_length=d.max_length, patch_bucket=d.patch_bucket,
+        min_pixels=d.min_pixels or None, max_pixels=d.max_pixels or None, mix=mix if not for_eval else "reasoning",
+        pack=d.pack and not for_eval, seed=d.seed, shuffle=not for_eval, num_epochs=1 if for_eval else None,
+        drop_remainder=not for_eval, num_workers=0 if for_eval else d.workers,
+        bad_record_threshold=d.max_bad_fraction, splits=None if for_eval else ("train",))
+
+
+class TrainData:
+    """Endless iterator of device-ready SFT batches (only the arrays the step uses)."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __next__(self) -> dict:
+        batch = next(self.loader)
+        out = {k: batch[k] for k in TRAIN_KEYS if k in batch and k != "vision"}
+        if "vision" in batch and batch.get("pixel_values") is not None:
+            out["vision"] = device_vision_inputs(batch["vision"])
+        return out
+
+    def get_state(self):
+        return self.loader.get_state()
+
+    def set_state(self, state):
+        self.loader.set_state(state)
+
+    def close(self):
+        close = getattr(self.loader, "close", None)
+        if close:
+            close()
+
+
+def make_train_data(config, tokenizer, model_config, process_index: int, process_count: int, workdir: str):
+    from guilibra_jax.data.pipeline import make_sft_loader
+    files = train_files(config, workdir)
+    loader = make_sft_loader(data_config(config, files), tokenizer, model_config, shard_index=process_index,
+                             shard_count=process_count)
+    return TrainData(loader)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+def _family_coords(model_config, cfg_data):
+    family = model_config.family
+    space = A.FAMILY_COORD_SPACE[family]
+    kw = {}
+    if cfg_data.min_pixels:
+        kw["min_pixels"] = cfg_data.min_pixels
+    if cfg_data.max_pixels:
+        kw["max_pixels"] = cfg_data.max_pixels
+    return space, (lambda size: A.resized_size_for(size, family, **kw))
+
+
+def constant_baseline(train_targets: list[R.Target], eval_targets: list[R.Target], space: str, resized) -> float:
+    """Best step accuracy of answering every held-out step with one fixed action: the
+    most frequent training actions (type, value, rounded point), each tried."""
+    counts = collections.Counter(
+        (t.action_type, t.value, None if t.point is None else (round(t.point[0], 2), round(t.point[1], 2)))
+        for t in train_targets)
+    best = 0.0
+    for (atype, value, point), _ in counts.most_common(20):
+        accs = []
+        for t in eval_targets:
+            p = None if point is None else A.from_unit(point, space, resized_size=resized(t.image_size))
+            text = A.render_response(A.Action(atype, "", value, p))
+            accs.append(R.guilibra_reward(text, t, coord_space=space, resized_size=resized(t.image_size)).accuracy)
+        best = max(best, float(np.mean(accs)) if accs else 0.0)
+    return best
+
+
+def make_evaluator(config, tokenizer, model_config, graphdef, workdir: str):
+    """A callable (params, step) -> metrics: greedy responses on held-out steps scored
+    with the GUI-Libra verifier (step accuracy = r_act * r_val * r_g), per platform,
+    next to the best constant-action baseline."""
+    from guilibra_jax import generate as G
+    from guilibra_jax.data.pipeline import make_rl_loader
+    from guilibra_jax.envs.export import load_records
+
+    if config.data.method != "guilibra":
+        log.warning("offline eval hook scores GUI-Libra responses only; data.method=%s: disabled",
+                    config.data.method)
+        return None
+    files = eval_files(config, workdir)
+    space, resized = _family_coords(model_config, config.data)
+    eval_cfg = data_config(config, files, for_eval=True)
+    eval_cfg["batch_size"] = min(config.data.batch_size, config.train.eval_samples)
+    eval_cfg["seq_buckets"] = (config.data.max_length,)
+    stop = tuple(i for i in (tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id)
+                 if i is not None)
+    sampling = G.SamplingConfig(temperature=0.0, max_new_tokens=config.train.eval_max_new_tokens,
+                                stop_token_ids=stop, pad_token_id=tokenizer.pad_token_id or 0)
+    train_targets = [r.reward_target() for f in train_files(config, workdir) for r in load_records(f)]
+    baseline_cache: dict[str, float] = {}
+
+    def evaluate(params, step: int) -> dict:
+        loader = make_rl_loader(eval_cfg, tokenizer, model_config, shard_index=0, shard_count=1)
+        rows: list[tuple[str, R.GuiLibraReward, str, R.Target]] = []
+        for batch in loader:
+            out = G.generate(graphdef, params, batch["prompt_ids"], batch["prompt_mask"], batch["positions"],
+                             batch["rope_deltas"], batch.get("pixel_values"),
+                             device_vision_inputs(batch["vision"]) if batch.get("vision") else None,
+                             jax.random.PRNGKey(0), sampling)
+            tokens, lengths = jax.device_get((out.tokens, out.lengths))
+            for i, target in enumerate(batch["reward_targets"]):
+                if target is None or not batch["row_valid"][i]:
+                    continue
+                text = tokenizer.decode(tokens[i, :lengths[i]], skip_special_tokens=True)
+                r = R.guilibra_reward(text, target, coord_space=space, resized_size=resized(target.image_size))
+                rows.append((batch["platform"][i], r, text, target))
+            if len(rows) >= config.train.eval_samples:
+                break
+        rows = rows[:config.train.eval_samples]
+        if "value" not in baseline_cache:
+            baseline_cache["value"] = constant_baseline(train_targets, [r[3] for r in rows], space, resized)
+        metrics = {"eval/samples": len(rows), "eval/constant_baseline_step_acc": baseline_cache["value"]}
+        for name, group in [("all", rows)] + [(p, [r for r in rows if r[0] == p]) for p in sorted({r[0] for r in rows})]:
+            if not group:
+                continue
+            prefix = "eval/" if name == "all" else f"eval/{name}/"
+            metrics[prefix + "step_acc"] = float(np.mean([r[1].accuracy for r in group]))
+            metrics[prefix + "action_type_acc"] = float(np.mean([r[1].action_type for r in group]))
+            metrics[prefix + "format"] = float(np.mean([r[1].format for r in group]))
+        if rows:
+            with open(os.path.join(workdir, f"eval_samples_step{step}.jsonl"), "w") as f:
+                for platform, r, text, _ in rows[:16]:
+                    f.write(json.dumps({"platform": platform, "response": text, "accuracy": r.accuracy}) + "\n")
+        return metrics
+
+    return evaluate
