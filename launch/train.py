@@ -20,6 +20,8 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
     del argv
     logging.getLogger().setLevel(logging.INFO)
+    for noisy in ("absl", "orbax", "jax", "grain"):  # library chatter: warnings only
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     from guilibra_jax.train import config as run_config
     from guilibra_jax.train import loop
 

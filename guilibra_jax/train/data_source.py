@@ -105,11 +105,25 @@ def data_config(config, files: list[str], *, for_eval: bool = False) -> dict:
 class TrainData:
     """Endless iterator of device-ready SFT batches (only the arrays the step uses)."""
 
-    def __init__(self, loader):
+    MAX_EMPTY_BATCHES = 3
+
+    def __init__(self, loader, max_length: int):
         self.loader = loader
+        self.max_length = max_length
+        self._empty = 0
 
     def __next__(self) -> dict:
         batch = next(self.loader)
+        if batch.get("num_samples", 1) == 0:
+            self._empty += 1
+            if self._empty >= self.MAX_EMPTY_BATCHES:
+                summary = getattr(getattr(self.loader, "bad_records", None), "summary", lambda: {})()
+                raise RuntimeError(
+                    f"{self._empty} consecutive training batches hold no sample: every record was dropped "
+                    f"(bad or filtered: {summary}). If 'filtered' counts 'too_long', raise data.max_length "
+                    f"(now {self.max_length}).")
+        else:
+            self._empty = 0
         out = {k: batch[k] for k in TRAIN_KEYS if k in batch and k != "vision"}
         if "vision" in batch and batch.get("pixel_values") is not None:
             out["vision"] = device_vision_inputs(batch["vision"])
@@ -132,7 +146,7 @@ def make_train_data(config, tokenizer, model_config, process_index: int, process
     files = train_files(config, workdir)
     loader = make_sft_loader(data_config(config, files), tokenizer, model_config, shard_index=process_index,
                              shard_count=process_count)
-    return TrainData(loader)
+    return TrainData(loader, config.data.max_length)
 
 
 # ----------------------------------------------------------------------------- evaluation

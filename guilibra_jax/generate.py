@@ -1,0 +1,358 @@
+"""Jitted multimodal sampling (prefill with images + KV-cache decode loop) and scoring.
+
+Three entry points:
+
+* :func:`prepare_prompts` (host, numpy): left-pads a list of prompts, computes their
+  M-RoPE positions and ``rope_deltas`` with ``get_rope_index``, concatenates the images'
+  pixel rows and builds the vision tower's inputs.
+* :func:`generate` (jit, compiled once per shape / ``graphdef`` / :class:`SamplingConfig`):
+  one prefill of the left-padded prompts (images included) into a KV cache of
+  ``T + max_new_tokens - 1`` slots, then a ``jax.lax.while_loop`` of decode steps that
+  exits as soon as every row has emitted a stop token (or ``max_new_tokens`` are out).
+  Nothing leaves the device inside the loop, so it runs unchanged with parameters sharded
+  on a mesh (XLA propagates the shardings into the cache).
+* :func:`score` (jit): per-token log-probs of given sequences under the model, for the
+  RL trainers' old / reference / teacher log-probs.
+
+Decode positions. ``get_rope_index`` returns ``rope_deltas[b] = max position + 1 - n_b``
+where ``n_b`` is the number of real prompt tokens of row ``b``; the token with text index
+``j`` (counting real tokens only, so left padding does not shift it) sits at ``j + delta``
+on all three M-RoPE axes. Generated token ``i`` (0-based) has text index ``n_b + i``,
+hence position ``n_b + rope_deltas[b] + i`` on all axes, i.e. ``max prompt position + 1 + i``.
+
+Stopping. Rows stop independently on any single token of ``stop_token_ids`` (e.g.
+``<|im_end|>`` and ``<|endoftext|>``); the stop token is kept and counted in ``lengths``;
+every later slot holds ``pad_token_id`` with log-prob 0. Multi-token stop *sequences* and
+stop *strings* (``</answer>``, ``</tool_call>`` ...) are not handled here: the caller
+decodes ``tokens[b, :lengths[b]]`` with its tokenizer and truncates at the first stop
+string (tokenizers merge characters across token boundaries, so only a text-level check
+is exact).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from guilibra_jax.models.config import ModelConfig
+from guilibra_jax.models.rope_index import get_rope_index
+from guilibra_jax.models.vision import device_vision_inputs, prepare_vision_inputs
+
+Array = jax.Array
+
+
+# ----------------------------------------------------------------------------- config / output
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """Static sampling options (a jit static argument: each distinct value compiles once).
+
+    temperature: 0 = greedy (argmax), else logits are divided by it before sampling.
+    top_p: nucleus sampling; keep the smallest set of most likely tokens whose probability
+      (after temperature and top-k) reaches top_p. 1.0 = off.
+    top_k: keep only the k most likely tokens (applied before top-p). 0 = off.
+    max_new_tokens: N, the number of generated slots.
+    stop_token_ids: a row is done after it emits any of these (kept, counted in lengths).
+    pad_token_id: written after a row's stop token.
+    """
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+    pad_token_id: int = 0
+
+    def __post_init__(self):
+        ids = self.stop_token_ids
+        ids = (ids,) if isinstance(ids, (int, np.integer)) else tuple(ids if ids is not None else ())
+        object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in ids))
+        object.__setattr__(self, "temperature", float(self.temperature))
+        object.__setattr__(self, "top_p", float(self.top_p))
+        object.__setattr__(self, "top_k", int(self.top_k))
+        object.__setattr__(self, "max_new_tokens", int(self.max_new_tokens))
+        object.__setattr__(self, "pad_token_id", int(self.pad_token_id))
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+class GenerationOutput(NamedTuple):
+    """tokens [B, N] int32: generated tokens, pad_token_id after a row's stop token.
+    logprobs [B, N] float32: log-prob of each sampled token under the sampling distribution
+      (after temperature / top-k / top-p; greedy: under the unmodified model, see
+      :func:`sample_token`); 0 on padding.
+    lengths [B] int32: generated tokens up to and including the stop token (N if none).
+    done [B] bool: the row emitted a stop token.
+    steps [] int32: decode steps run (the loop exits early once every row is done).
+    """
+    tokens: Array
+    logprobs: Array
+    lengths: Array
+    done: Array
+    steps: Array
+
+
+# ----------------------------------------------------------------------------- one token
+def sampling_logits(logits: Array, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0):
+    """The sampling distribution's logits, in "sorted space" when filtering is on.
+
+    Returns (scores [..., K], index [..., K] or None): ``log_softmax(scores)`` is the
+    sampling distribution over the token ids ``index`` (``index`` None: over the whole
+    vocabulary, ``scores`` aligned with it). Filtered-out tokens have score -inf.
+    ``temperature`` must be > 0 here; the options are static Python numbers.
+    """
+    x = logits.astype(jnp.float32) / jnp.float32(temperature)
+    v = x.shape[-1]
+    if 0 < top_k < v:
+        scores, index = jax.lax.top_k(x, top_k)  # descending; ties: lower index first
+    elif top_p < 1.0:
+        index = jnp.argsort(-x, axis=-1, stable=True).astype(jnp.int32)
+        scores = jnp.take_along_axis(x, index, axis=-1)
+    else:
+        return x, None
+    if top_p < 1.0:
+        probs = jax.nn.softmax(scores, axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs  # exclusive: the first token is always kept
+        scores = jnp.where(mass_before < top_p, scores, -jnp.inf)
+    return scores, index.astype(jnp.int32)
+
+
+def sample_token(logits: Array, rng: Array, temperature: float = 1.0, top_p: float = 1.0,
+                 top_k: int = 0) -> tuple[Array, Array]:
+    """Draw one token per row from ``logits`` [..., V].
+
+    Order of operations (as transformers and vLLM): temperature, then top-k, then top-p
+    (nucleus: keep the most likely tokens until their mass reaches top_p; the token that
+    crosses top_p is kept). ``temperature == 0`` is greedy (argmax, lowest id on ties; rng
+    unused) and its log-prob is under the *unmodified* model distribution
+    (``log_softmax(logits)``), which is what evaluation needs; top-k / top-p do not
+    change a greedy token. The options are static Python numbers.
+
+    Returns (token [...] int32, logprob [...] float32): the log-prob of the token under
+    the renormalised sampling distribution.
+    """
+    logits = logits.astype(jnp.float32)
+    if temperature == 0:
+        token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        lp = jax.nn.log_softmax(logits, axis=-1)
+        return token, jnp.take_along_axis(lp, token[..., None], axis=-1)[..., 0]
+    scores, index = sampling_logits(logits, temperature, top_p, top_k)
+    choice = jax.random.categorical(rng, scores, axis=-1).astype(jnp.int32)
+    lp = jnp.take_along_axis(jax.nn.log_softmax(scores, axis=-1), choice[..., None], axis=-1)[..., 0]
+    token = choice if index is None else jnp.take_along_axis(index, choice[..., None], axis=-1)[..., 0]
+    return token, lp
+
+
+# ----------------------------------------------------------------------------- generate
+def decode_positions(prompt_mask: Array, rope_deltas: Array) -> Array:
+    """[B] M-RoPE position (all three axes) of the first generated token of each row."""
+    n_real = jnp.sum(prompt_mask != 0, axis=-1).astype(jnp.int32)
+    return n_real + rope_deltas.astype(jnp.int32)
+
+
+def _generate(graphdef, params, prompt_ids, prompt_mask, positions, rope_deltas, pixel_values, vision, rng,
+              config: SamplingConfig) -> GenerationOutput:
+    model = nnx.merge(graphdef, params)
+    b, t = prompt_ids.shape
+    n = config.max_new_tokens
+    pad = jnp.int32(config.pad_token_id)
+    seg = (prompt_mask != 0).astype(jnp.int32)
+    logits, cache = model.prefill(prompt_ids.astype(jnp.int32), positions.astype(jnp.int32), seg, pixel_values,
+                                  vision, cache_size=t + n - 1)
+    first_pos = decode_positions(seg, rope_deltas)
+    stop = jnp.asarray(config.stop_token_ids or (-1,), jnp.int32)
+
+    def emit(i, logits, tokens, logprobs, lengths, done):
+        tok, lp = sample_token(logits, jax.random.fold_in(rng, i), config.temperature, config.top_p, config.top_k)
+        tok = jnp.where(done, pad, tok)
+        lp = jnp.where(done, 0.0, lp)
+        tokens = jax.lax.dynamic_update_slice(tokens, tok[:, None], (0, i))
+        logprobs = jax.lax.dynamic_update_slice(logprobs, lp[:, None], (0, i))
+        lengths = lengths + (~done).astype(jnp.int32)
+        if config.stop_token_ids:
+            done = done | jnp.isin(tok, stop)
+        return tok, tokens, logprobs, lengths, done
+
+    tokens = jnp.full((b, n), pad, jnp.int32)
+    logprobs = jnp.zeros((b, n), jnp.float32)
+    lengths = jnp.zeros((b,), jnp.int32)
+    done = jnp.zeros((b,), bool)
+    last, tokens, logprobs, lengths, done = emit(0, logits, tokens, logprobs, lengths, done)
+
+    def cond(carry):
+        i, _, _, _, _, _, done = carry
+        return (i < n) & ~jnp.all(done)
+
+    def body(carry):
+        i, last, cache, tokens, logprobs, lengths, done = carry
+        pos = jnp.broadcast_to(first_pos + i - 1, (3, b))  # position of `last`, token i - 1
+        logits, cache = model.decode_step(last, pos, cache)
+        last, tokens, logprobs, lengths, done = emit(i, logits, tokens, logprobs, lengths, done)
+        return i + 1, last, cache, tokens, logprobs, lengths, done
+
+    steps = jnp.zeros((), jnp.int32)
+    if n > 1:
+        carry = (jnp.ones((), jnp.int32), last, cache, tokens, logprobs, lengths, done)
+        i, _, _, tokens, logprobs, lengths, done = jax.lax.while_loop(cond, body, carry)
+        steps = i - 1
+    return GenerationOutput(tokens, logprobs, lengths, done, steps)
+
+
+_generate_jit = jax.jit(_generate, static_argnames=("graphdef", "config"))
+
+
+def generate(graphdef: nnx.GraphDef, params: Any, prompt_ids, prompt_mask, positions, rope_deltas, pixel_values,
+             vision, rng, config: SamplingConfig) -> GenerationOutput:
+    """Sample up to ``config.max_new_tokens`` tokens after each left-padded prompt.
+
+    Args:
+      graphdef: the model's graphdef (static), e.g. from ``nnx.split(model, nnx.Param, ...)``.
+      params: the model's pure parameter dict (``nnx.to_pure_dict(nnx.state(model, nnx.Param))``),
+        possibly sharded on a mesh.
+      prompt_ids [B, T] int: LEFT-padded prompts (every row's last slot is a real token).
+      prompt_mask [B, T]: 1 = real token, 0 = padding.
+      positions [3, B, T], rope_deltas [B]: from guilibra's ``get_rope_index`` (see
+        :func:`prepare_prompts`), whose deltas count real tokens only. transformers' own
+        ``rope_deltas`` are relative to the padded length T instead; do not mix them.
+      pixel_values [P, C*t*p*p] or None, vision: the device dict of the prompts' images (or None).
+      rng: a PRNG key (unused when greedy).
+      config: :class:`SamplingConfig` (static).
+
+    Returns a :class:`GenerationOutput`. Compiled once per (shapes, graphdef, config).
+    """
+    if not isinstance(config, SamplingConfig):
+        raise TypeError(f"config must be a SamplingConfig, got {type(config).__name__}")
+    return _generate_jit(graphdef, params, prompt_ids, prompt_mask, positions, rope_deltas, pixel_values, vision,
+                         rng, config)
+
+
+# ----------------------------------------------------------------------------- host prompts
+def _bucket(length: int, bucket_len) -> int:
+    if bucket_len is None:
+        return length
+    buckets = sorted([int(bucket_len)] if np.ndim(bucket_len) == 0 else [int(x) for x in bucket_len])
+    for size in buckets:
+        if size >= length:
+            return size
+    raise ValueError(f"prompt length {length} exceeds the largest bucket {buckets[-1]}")
+
+
+def prepare_prompts(prompts: Sequence[tuple], model_config: ModelConfig, pad_id: int, bucket_len=None,
+                    num_patches: int | None = None) -> dict:
+    """Left-pad prompts and build everything :func:`generate` takes (numpy).
+
+    Args:
+      prompts: list of (input_ids list[int], image_grid_thw [n_i, 3] or None, pixel rows
+        [sum of t*h*w, C*t*p*p] or None), each with its images' ``<|image_pad|>`` runs.
+      model_config: the model's ModelConfig.
+      pad_id: token id of the left padding (masked out; any valid id).
+      bucket_len: None (pad to the longest prompt), an int, or a sequence of ints (pad to the
+        smallest bucket that fits): fixed shapes mean one compilation.
+      num_patches: pad the concatenated pixel rows to this many (a static patch bucket).
+
+    Returns a dict: prompt_ids [B, T] int32, prompt_mask [B, T] int32, positions [3, B, T]
+    int32, rope_deltas [B] int32, pixel_values [P, D] float32 or None, vision (dict of
+    arrays) or None, image_grid_thw [n, 3] int64 or None, prompt_lens [B] int32.
+    """
+    if not prompts:
+        raise ValueError("prepare_prompts: no prompts")
+    seqs, grids, pixels = [], [], []
+    for k, prompt in enumerate(prompts):
+        ids, grid, pix = (tuple(prompt) + (None, None))[:3]
+        ids = [int(x) for x in ids]
+        if not ids:
+            raise ValueError(f"prompt {k} is empty")
+        seqs.append(ids)
+        if grid is None:
+            if pix is not None:
+                raise ValueError(f"prompt {k} has pixel rows but no image_grid_thw")
+            continue
+        grid = np.asarray(grid, np.int64).reshape(-1, 3)
+        if pix is None:
+            raise ValueError(f"prompt {k} has image_grid_thw but no pixel rows")
+        pix = np.asarray(pix)
+        need = int(np.prod(grid, axis=1).sum())
+        if pix.ndim != 2 or pix.shape[0] != need:
+            raise ValueError(f"prompt {k}: image_grid_thw {grid.tolist()} needs {need} pixel rows, got {pix.shape}")
+        grids.append(grid)
+        pixels.append(pix)
+    b = len(seqs)
+    t = _bucket(max(len(s) for s in seqs), bucket_len)
+    ids = np.full((b, t), int(pad_id), np.int64)
+    mask = np.zeros((b, t), np.int32)
+    for r, s in enumerate(seqs):
+        ids[r, t - len(s):] = s
+        mask[r, t - len(s):] = 1
+    grid_arr = np.concatenate(grids) if grids else None
+    positions, deltas = get_rope_index(ids, mask, grid_arr, model_config)
+    out = {"prompt_ids": ids.astype(np.int32), "prompt_mask": mask, "positions": positions.astype(np.int32),
+           "rope_deltas": deltas.astype(np.int32), "pixel_values": None, "vision": None,
+           "image_grid_thw": grid_arr, "prompt_lens": np.asarray([len(s) for s in seqs], np.int32)}
+    if grids:
+        pix = np.concatenate(pixels).astype(np.float32)
+        if num_patches is not None:
+            if num_patches < pix.shape[0]:
+                raise ValueError(f"num_patches={num_patches} is smaller than the real patch count {pix.shape[0]}")
+            pix = np.pad(pix, ((0, num_patches - pix.shape[0]), (0, 0)))
+        out["pixel_values"] = pix
+        out["vision"] = device_vision_inputs(prepare_vision_inputs(grid_arr, model_config, num_patches))
+    return out
+
+
+# ----------------------------------------------------------------------------- scoring
+def _token_logprobs(model, h, targets, temperature: float, chunk_size: int | None):
+    """log_softmax(logits(h) / temperature)[targets]: [B, T] float32, in T-chunks if asked."""
+
+    def one(hc, tc):
+        logits = model.logits_from_hidden(hc)
+        if temperature != 1.0:
+            logits = logits / jnp.float32(temperature)
+        picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
+        return picked - jax.nn.logsumexp(logits, axis=-1)
+
+    b, t = targets.shape
+    if not chunk_size or chunk_size >= t:
+        return one(h, targets)
+    n = -(-t // chunk_size)
+    padded = n * chunk_size
+    hp = jnp.pad(h, ((0, 0), (0, padded - t), (0, 0))).reshape(b, n, chunk_size, -1).swapaxes(0, 1)
+    tp = jnp.pad(targets, ((0, 0), (0, padded - t))).reshape(b, n, chunk_size).swapaxes(0, 1)
+    out = jax.lax.map(lambda xs: one(*xs), (hp, tp))  # [n, B, c]
+    return out.swapaxes(0, 1).reshape(b, padded)[:, :t]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "chunk_size"))
+def score(graphdef: nnx.GraphDef, params: Any, input_ids, positions, segment_ids, pixel_values=None, vision=None,
+          response_mask=None, *, temperature: float = 1.0, chunk_size: int | None = None) -> Array:
+    """Per-token log-probs [B, T] float32 of the given tokens under the model.
+
+    Aligned like the SFT targets: ``out[:, t] = log p(input_ids[:, t + 1] | input_ids[:, :t + 1])``
+    (logits at t predict the next token), so ``response_mask[:, t]`` (same alignment) marks
+    the positions whose *next* token is a response token. Positions whose next token is
+    padding or belongs to another packed segment, the last position, and positions where
+    ``response_mask`` is 0 hold 0.
+
+    ``temperature`` (static) divides the logits first, to score under the sampler's
+    temperature; ``chunk_size`` (static) computes the vocabulary projection over T-chunks
+    so the [B, T, V] logits are never materialised at once.
+    """
+    model = nnx.merge(graphdef, params)
+    seg = segment_ids.astype(jnp.int32)
+    h = model.hidden_states(input_ids.astype(jnp.int32), positions.astype(jnp.int32), seg, pixel_values, vision)
+    ids = input_ids.astype(jnp.int32)
+    targets = jnp.concatenate([ids[:, 1:], jnp.zeros_like(ids[:, :1])], axis=1)
+    next_seg = jnp.concatenate([seg[:, 1:], jnp.zeros_like(seg[:, :1])], axis=1)
+    valid = (seg > 0) & (next_seg == seg)
+    if response_mask is not None:
+        valid = valid & (response_mask != 0)
+    lp = _token_logprobs(model, h, jnp.where(valid, targets, 0), float(temperature), chunk_size)
+    return jnp.where(valid, lp, 0.0)

@@ -1,0 +1,354 @@
+"""The jitted sampler against independent references: the full (uncached) forward, exact
+renormalised sampling distributions, and log_softmax of the full forward for score()."""
+import functools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from scipy import stats
+
+from guilibra_jax import generate as G
+from guilibra_jax import models as M
+from guilibra_jax.train import fake_batch as F
+
+IMAGE_HW = {"qwen2_5_vl": (56, 84), "qwen3_vl": (64, 96)}
+N_NEW = 6
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def sharpen(params, seed=1):
+    """Re-draw the random init with larger weights: at the default 0.02 std the tiny tied-embedding
+    model just repeats its last input token, so greedy decoding would not depend on positions,
+    images or the cache at all. Here attention and MLPs dominate the residual stream."""
+    leaves, tdef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    out = [0.15 * jax.random.normal(k, x.shape) if x.ndim > 1 else x + 0.1 * jax.random.normal(k, x.shape)
+           for x, k in zip(leaves, keys)]
+    return jax.tree.unflatten(tdef, out)
+
+
+@functools.lru_cache(maxsize=None)
+def tiny(family):
+    """(ModelConfig, graphdef, pure params) of a tiny random model."""
+    nnx.use_eager_sharding(False)
+    cfg = F.tiny_config(family)
+    graphdef, state, _ = nnx.split(M.QwenVL(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    return cfg, graphdef, sharpen(nnx.to_pure_dict(state))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def full_forward(graphdef, params, ids, positions, segment_ids, pixel_values, vision):
+    return nnx.merge(graphdef, params)(ids, positions, segment_ids, pixel_values, vision)
+
+
+def prompts_for(cfg, family, seed=0):
+    """Four prompts of different lengths (so three are left-padded): image + text, text only,
+    image + text, text only. Tokens avoid the vision specials at the top of the vocabulary."""
+    rng = np.random.default_rng(seed)
+    vc = cfg.vision
+    h, w = IMAGE_HW[family]
+    grid = (1, h // vc.patch_size, w // vc.patch_size)
+    n_img = grid[1] * grid[2] // vc.merge_unit
+    image = [cfg.vision_start_token_id] + [cfg.image_token_id] * n_img + [cfg.vision_end_token_id]
+    text = lambda n: rng.integers(0, cfg.text.vocab_size - 8, n).tolist()  # noqa: E731
+    pix = lambda: rng.standard_normal((grid[1] * grid[2], vc.patch_dim)).astype(np.float32)  # noqa: E731
+    return [(text(3) + image + text(5), [grid], pix()),
+            (text(4), None, None),
+            (text(1) + image + text(2), [grid], pix()),
+            (text(7), None, None)]
+
+
+def run_generate(family, config, rng=0, rope_deltas=None):
+    cfg, graphdef, params = tiny(family)
+    p = G.prepare_prompts(prompts_for(cfg, family), cfg, pad_id=0)
+    deltas = p["rope_deltas"] if rope_deltas is None else rope_deltas
+    out = G.generate(graphdef, params, p["prompt_ids"], p["prompt_mask"], p["positions"], deltas,
+                     p["pixel_values"], p["vision"], jax.random.key(rng), config)
+    return p, jax.tree.map(np.asarray, out)
+
+
+@functools.lru_cache(maxsize=None)
+def greedy_run(family):
+    """(prompts dict, output) of plain greedy decoding; shared by several tests."""
+    return run_generate(family, G.SamplingConfig(temperature=0.0, max_new_tokens=N_NEW, pad_token_id=0))
+
+
+def forward_on(family, p, tokens):
+    """Full forward on prompt + generated tokens, with positions recomputed by get_rope_index
+    on the whole sequence. Returns (logits predicting generated token i [B, N, V], positions)."""
+    cfg, graphdef, params = tiny(family)
+    ids = np.concatenate([p["prompt_ids"], tokens], axis=1)
+    mask = np.concatenate([p["prompt_mask"], np.ones_like(tokens)], axis=1)
+    positions, _ = M.get_rope_index(ids, mask, p["image_grid_thw"], cfg)
+    logits = np.asarray(full_forward(graphdef, params, ids, positions, mask, p["pixel_values"], p["vision"]))
+    t = p["prompt_ids"].shape[1]
+    return logits[:, t - 1:t - 1 + tokens.shape[1]], positions[:, :, t:]
+
+
+def log_softmax(x):
+    x = np.asarray(x, np.float64)
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+def reference_distribution(logits, temperature, top_p=1.0, top_k=0):
+    """Exact sampling distribution [..., V] (float64): temperature, then top-k, then the
+    smallest most-likely set with mass >= top_p, renormalised."""
+    p = np.exp(log_softmax(np.asarray(logits, np.float64) / temperature))
+    out = np.zeros_like(p)
+    for idx in np.ndindex(p.shape[:-1]):
+        row = p[idx]
+        order = np.argsort(-row, kind="stable")
+        keep = order[:top_k] if top_k else order
+        q = row[keep] / row[keep].sum()
+        n = int(np.searchsorted(np.cumsum(q), top_p - 1e-12)) + 1 if top_p < 1 else len(keep)
+        keep = keep[:n]
+        out[idx + (keep,)] = row[keep] / row[keep].sum()
+    return out
+
+
+# ----------------------------------------------------------------------------- greedy vs full forward
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_greedy_equals_argmax_of_full_forward(family):
+    cfg = tiny(family)[0]
+    p, out = greedy_run(family)
+    assert p["prompt_mask"][:, 0].tolist() == [1, 0, 0, 0]  # left padding on rows 1-3
+    tokens = out.tokens
+    assert tokens.shape == (4, N_NEW) and out.lengths.tolist() == [N_NEW] * 4
+    assert not out.done.any() and int(out.steps) == N_NEW - 1
+    specials = [cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id]
+    assert not np.isin(tokens, specials).any(), "pick another seed: a vision special was generated"
+
+    logits, gen_positions = forward_on(family, p, tokens)
+    # The decode positions (n_real + delta + i on every axis) are what get_rope_index gives
+    # the generated tokens when run on the whole sequence.
+    want_pos = np.asarray(G.decode_positions(p["prompt_mask"], p["rope_deltas"]))[:, None] + np.arange(N_NEW)
+    np.testing.assert_array_equal(gen_positions, np.broadcast_to(want_pos, gen_positions.shape))
+
+    scale = np.abs(logits).max()
+    for b in range(4):
+        for i in range(N_NEW):
+            row = logits[b, i]
+            top2 = np.sort(row)[-2:]
+            if top2[1] - top2[0] > 1e-4 * scale:  # unambiguous argmax: must be equal
+                assert tokens[b, i] == row.argmax(), (b, i)
+            else:
+                assert row[tokens[b, i]] >= top2[1] - 1e-4 * scale, (b, i)
+    want_lp = np.take_along_axis(log_softmax(logits), tokens[..., None], -1)[..., 0]
+    np.testing.assert_allclose(out.logprobs, want_lp, atol=2e-4, rtol=0)
+    assert len(set(tokens.ravel().tolist())) > 6  # the model is not degenerate
+
+    # Sensitivity: wrong decode positions change the log-probs (the check above can fail).
+    config = G.SamplingConfig(temperature=0.0, max_new_tokens=N_NEW, pad_token_id=0)
+    _, wrong = run_generate(family, config, rope_deltas=p["rope_deltas"] + 1)
+    assert np.abs(wrong.logprobs - out.logprobs).max() > 1e-2
+
+
+def test_sampled_logprobs_follow_filtered_full_forward():
+    family = "qwen2_5_vl"
+    config = G.SamplingConfig(temperature=0.8, top_p=0.9, top_k=40, max_new_tokens=N_NEW, pad_token_id=0)
+    p, out = run_generate(family, config, rng=3)
+    cfg = tiny(family)[0]
+    assert not np.isin(out.tokens, [cfg.image_token_id, cfg.vision_start_token_id]).any()
+    logits, _ = forward_on(family, p, out.tokens)
+    dist = reference_distribution(logits, 0.8, top_p=0.9, top_k=40)
+    picked = np.take_along_axis(dist, out.tokens[..., None], -1)[..., 0]
+    assert (picked > 0).all(), "a token outside the top-k / nucleus set was sampled"
+    np.testing.assert_allclose(out.logprobs, np.log(picked), atol=2e-4, rtol=0)
+    compiled = G._generate_jit._cache_size()
+    _, again = run_generate(family, config, rng=3)
+    np.testing.assert_array_equal(again.tokens, out.tokens)
+    _, other = run_generate(family, config, rng=4)
+    assert (other.tokens != out.tokens).any()
+    assert G._generate_jit._cache_size() == compiled  # new rng / prompt arrays: no recompilation
+
+
+# ----------------------------------------------------------------------------- stop tokens
+def test_rows_stop_independently_and_loop_exits_early():
+    family = "qwen3_vl"
+    _, free = greedy_run(family)
+    free_tokens = free.tokens
+    stops = tuple(sorted({int(free_tokens[0, 2]), int(free_tokens[1, 1]), int(free_tokens[2, 3]),
+                          int(free_tokens[3, 2])}))
+    pad = 7
+    config = G.SamplingConfig(temperature=0.0, max_new_tokens=N_NEW, stop_token_ids=stops, pad_token_id=pad)
+    _, out = run_generate(family, config)
+    want_len = []
+    for b in range(4):
+        hits = np.flatnonzero(np.isin(free_tokens[b], stops))
+        n = int(hits[0]) + 1 if len(hits) else N_NEW
+        want_len.append(n)
+        np.testing.assert_array_equal(out.tokens[b, :n], free_tokens[b, :n])
+        np.testing.assert_allclose(out.logprobs[b, :n], free.logprobs[b, :n], atol=1e-5, rtol=0)
+        assert (out.tokens[b, n:] == pad).all() and (out.logprobs[b, n:] == 0).all()
+    assert out.lengths.tolist() == want_len
+    assert max(want_len) <= 4 and len(set(want_len)) > 1  # rows stop at different steps
+    assert out.done.all()
+    assert int(out.steps) == max(want_len) - 1 < N_NEW - 1  # early exit once every row is done
+
+
+# ----------------------------------------------------------------------------- sample_token statistics
+PROBS = np.array([0.07, 0.3, 0.005, 0.15, 0.03, 0.2, 0.08, 0.015, 0.1, 0.05])
+DRAWS = 20_000
+
+
+CASES = [(1.0, 1.0, 0), (0.5, 1.0, 0), (2.0, 1.0, 4), (1.0, 0.7, 0), (0.7, 0.8, 5), (1.3, 0.95, 0)]
+
+
+def test_sample_token_statistics():
+    """Empirical frequencies of DRAWS independent draws (one row each) against the exact
+    renormalised distribution, per (temperature, top_p, top_k) case."""
+    logits = np.log(PROBS).astype(np.float32) + 3.0  # any offset: softmax is shift invariant
+    batch = jnp.broadcast_to(jnp.asarray(logits), (DRAWS, len(PROBS)))
+
+    @jax.jit
+    def draw_all(batch, key):  # one compilation for all cases
+        return [G.sample_token(batch, jax.random.fold_in(key, i), *case) for i, case in enumerate(CASES)]
+
+    for (temperature, top_p, top_k), (tok, lp) in zip(CASES, draw_all(batch, jax.random.key(0))):
+        tok, lp = np.asarray(tok), np.asarray(lp)
+        want = reference_distribution(logits, temperature, top_p, top_k)
+        support = np.flatnonzero(want > 0)
+        if top_k:
+            assert len(support) <= top_k
+        if top_p < 1:  # the nucleus is a strict subset here: its tail must never be drawn
+            assert len(support) < (top_k or len(PROBS))
+        counts = np.bincount(tok, minlength=len(PROBS))
+        assert set(np.flatnonzero(counts)) == set(support), (temperature, top_p, top_k, counts)
+        expected = DRAWS * want[support]
+        chi2 = ((counts[support] - expected) ** 2 / expected).sum()
+        assert chi2 < stats.chi2.ppf(1 - 1e-4, max(len(support) - 1, 1)), (temperature, top_p, top_k, counts)
+        np.testing.assert_allclose(lp, np.log(want[tok]), atol=1e-5, rtol=0)
+
+
+def test_top_p_and_top_k_sets_exact():
+    """Nucleus boundaries on a large random vocabulary, checked per row."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(64, 500)).astype(np.float32) * 3
+    for top_p, top_k in [(0.5, 0), (0.9, 50), (1.0, 7)]:
+        scores, index = G.sampling_logits(jnp.asarray(logits), 1.0, top_p, top_k)
+        kept = np.zeros(logits.shape, bool)
+        np.put_along_axis(kept, np.asarray(index), np.isfinite(np.asarray(scores)), -1)
+        want = reference_distribution(logits, 1.0, top_p, top_k) > 0
+        np.testing.assert_array_equal(kept, want)
+        if top_k:
+            assert (kept.sum(-1) <= top_k).all()
+        if top_k and top_p == 1.0:
+            assert (kept.sum(-1) == top_k).all()
+
+
+def test_greedy_sample_token():
+    logits = jnp.asarray([[0.0, 2.0, 1.0], [3.0, -1.0, 3.0]])
+    tok, lp = G.sample_token(logits, jax.random.key(0), 0.0, 0.5, 1)
+    assert np.asarray(tok).tolist() == [1, 0]
+    np.testing.assert_allclose(lp, np.take_along_axis(log_softmax(logits), np.asarray(tok)[:, None], -1)[:, 0],
+                               atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- score
+def test_score_equals_full_forward_log_softmax():
+    family = "qwen2_5_vl"
+    cfg, graphdef, params = tiny(family)
+    b = F.fake_sft_batch(cfg, batch=2, seq_len=32, image_hw=IMAGE_HW[family], seed=1, left_pad=3)
+    seg = b["segment_ids"].copy()
+    seg[1, 20:] = 2  # a second packed sample in row 1: no target across the boundary
+    args = (b["input_ids"], b["positions"], seg, b["pixel_values"], b["vision"])
+    logits = np.asarray(full_forward(graphdef, params, *args))
+    targets = np.concatenate([b["input_ids"][:, 1:], b["input_ids"][:, :1]], axis=1)
+    want = np.take_along_axis(log_softmax(logits), targets[..., None], -1)[..., 0]
+    valid = (seg > 0) & (np.concatenate([seg[:, 1:], seg[:, :1] * 0], 1) == seg)
+    want = np.where(valid, want, 0.0)
+    got = np.asarray(G.score(graphdef, params, *args))
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    assert got[0, :3].tolist() == [0, 0, 0] and got[1, 19] == 0 and (got[:, -1] == 0).all()
+
+    response = np.zeros_like(seg)
+    response[:, 16:] = 1
+    tempered = np.take_along_axis(log_softmax(logits / 0.5), targets[..., None], -1)[..., 0]
+    got = np.asarray(G.score(graphdef, params, *args, response_mask=response, temperature=0.5, chunk_size=7))
+    np.testing.assert_allclose(got, np.where(valid & (response > 0), tempered, 0.0), atol=2e-4, rtol=0)
+
+
+# ----------------------------------------------------------------------------- host helper
+def test_prepare_prompts_padding_buckets_and_errors():
+    family = "qwen3_vl"
+    cfg = tiny(family)[0]
+    prompts = prompts_for(cfg, family)
+    p = G.prepare_prompts(prompts, cfg, pad_id=5, bucket_len=(8, 32, 64), num_patches=64)
+    lens = [len(x[0]) for x in prompts]
+    assert p["prompt_ids"].shape == (4, 32) and p["prompt_lens"].tolist() == lens
+    for r, (ids, _, _) in enumerate(prompts):
+        assert p["prompt_ids"][r, 32 - lens[r]:].tolist() == ids
+        assert (p["prompt_ids"][r, :32 - lens[r]] == 5).all() and p["prompt_mask"][r].sum() == lens[r]
+    grid = np.asarray([prompts[0][1][0], prompts[2][1][0]])
+    pos, deltas = M.get_rope_index(p["prompt_ids"], p["prompt_mask"], grid, cfg)
+    np.testing.assert_array_equal(p["positions"], pos)
+    np.testing.assert_array_equal(p["rope_deltas"], deltas)
+    np.testing.assert_array_equal(p["image_grid_thw"], grid)
+    assert p["pixel_values"].shape == (64, cfg.vision.patch_dim)
+    np.testing.assert_array_equal(p["pixel_values"][:24], prompts[0][2])
+    np.testing.assert_array_equal(p["pixel_values"][24:48], prompts[2][2])
+    assert (p["pixel_values"][48:] == 0).all() and p["vision"]["segment_ids"][48:].max() == 0
+
+    text_only = G.prepare_prompts([([1, 2, 3], None, None)], cfg, pad_id=0)
+    assert text_only["pixel_values"] is None and text_only["vision"] is None
+    with pytest.raises(ValueError, match="bucket"):
+        G.prepare_prompts(prompts, cfg, pad_id=0, bucket_len=12)
+    with pytest.raises(ValueError, match="pixel rows"):
+        G.prepare_prompts([(prompts[0][0], prompts[0][1], prompts[0][2][:-4])], cfg, pad_id=0)
+    with pytest.raises(ValueError):
+        G.SamplingConfig(top_p=0.0)
+
+
+# ----------------------------------------------------------------------------- sharded params
+def test_generate_with_sharded_params():
+    """Greedy decoding with params sharded over a (1, 2, 2) mesh of 4 CPU devices and the
+    batch over (data, fsdp) gives the unsharded tokens, and no host transfer happens inside
+    the jitted call (a fresh process: fake devices must be set before jax starts)."""
+    script = textwrap.dedent(f"""
+        import os, sys, json
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        sys.path.insert(0, {REPO!r})
+        sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+        import jax, numpy as np
+        from flax import nnx
+        from guilibra_jax import sharding as S
+        from guilibra_jax import models as M
+        from test_generate import G, N_NEW, prompts_for, tiny
+        family = "qwen2_5_vl"
+        cfg, graphdef, params = tiny(family)
+        p = G.prepare_prompts(prompts_for(cfg, family), cfg, pad_id=0)
+        mesh = S.make_mesh((1, 2, 2))
+        state = nnx.state(M.QwenVL(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+        params = jax.device_put(params, S.param_shardings(state, mesh, log=False))
+        n_sharded = sum(1 for x in jax.tree.leaves(params) if not x.sharding.is_fully_replicated)
+        rows = S.batch_sharding(mesh)
+        args = [jax.device_put(p["prompt_ids"], rows), jax.device_put(p["prompt_mask"], rows),
+                jax.device_put(p["positions"], S.batch_sharding(mesh, 3, 1)),
+                jax.device_put(p["rope_deltas"], S.batch_sharding(mesh, 1)),
+                *jax.device_put([p["pixel_values"], p["vision"]], S.replicated(mesh)),
+                jax.device_put(jax.random.key(0), S.replicated(mesh))]
+        config = G.SamplingConfig(temperature=0.0, max_new_tokens=N_NEW, pad_token_id=0)
+        G.generate(graphdef, params, *args, config)  # compile
+        with jax.transfer_guard("disallow"):
+            out = jax.block_until_ready(G.generate(graphdef, params, *args, config))
+        print(json.dumps({{"tokens": np.asarray(out.tokens).tolist(), "logprobs": np.asarray(out.logprobs).tolist(),
+                          "n_sharded": n_sharded, "devices": len(jax.devices())}}))
+        """)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["devices"] == 4 and got["n_sharded"] > 10
+    _, want = greedy_run("qwen2_5_vl")
+    np.testing.assert_array_equal(np.asarray(got["tokens"]), want.tokens)
+    np.testing.assert_allclose(np.asarray(got["logprobs"]), want.logprobs, atol=1e-4, rtol=0)
