@@ -119,3 +119,17 @@ def test_export_loads_in_transformers_with_matching_logits(uninterrupted):
                  image_grid_thw=torch.tensor([[1, 4, 6]])).logits.numpy()
     scale = np.abs(ref).max()
     assert np.abs(ours - ref).max() <= 1e-4 * max(scale, 1.0)
+
+
+def test_convert_of_the_last_checkpoint_equals_the_end_of_run_export(uninterrupted, tmp_path):
+    from safetensors.numpy import load_file
+    out = str(tmp_path / "hf")
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    res = subprocess.run([sys.executable, "-m", "launch.convert", f"--workdir={uninterrupted}", f"--out={out}"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    a = load_file(os.path.join(out, "model.safetensors"))
+    b = load_file(os.path.join(uninterrupted, "export", "model.safetensors"))
+    assert sorted(a) == sorted(b)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
