@@ -195,7 +195,9 @@ def hf_state_dict(model: QwenVL, dtype=None) -> dict[str, jax.Array]:
   flat = dict((tuple(p), v) for p, v in nnx.to_flat_state(state))
   out = {}
   for name, spath, layer, kind in _entries(state, config):
-    value = flat[spath].get_value()
+    # jnp, not numpy: a numpy transpose is a strided view that safetensors.flax writes in
+    # memory order, which silently scrambles the weights (seen with device_get'd params).
+    value = jnp.asarray(flat[spath].get_value())
     if layer is not None:
       value = value[layer]
     value = _to_hf(value, kind, config)

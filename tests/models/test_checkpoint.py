@@ -87,3 +87,26 @@ def test_missing_unexpected_and_misshaped_tensors_are_named(loaded, tmp_path):
   with pytest.raises(CheckpointError, match=r"'visual\.blocks\.0\.attn\.qkv\.weight' in .*model\.safetensors has "
                                             r"shape \(96, 31\), expected \(96, 32\)"):
     load_hf(path)
+
+
+def test_save_hf_of_host_numpy_params_equals_device_params(tmp_path):
+  """Regression: params fetched with jax.device_get (numpy) once exported transposed kernels
+  as strided views, which safetensors wrote in memory order (scrambled weights)."""
+  import jax
+  import numpy as np
+  from flax import nnx
+  from safetensors.numpy import load_file
+
+  from guilibra_jax import models as M
+  from guilibra_jax.train import fake_batch as F
+  nnx.use_eager_sharding(False)
+  cfg = F.tiny_config()
+  model = M.QwenVL(cfg, rngs=nnx.Rngs(0))
+  graphdef, pstate, _ = nnx.split(model, nnx.Param, ...)
+  host = nnx.merge(graphdef, jax.device_get(nnx.to_pure_dict(pstate)))
+  M.save_hf(model, cfg, str(tmp_path / "dev"))
+  M.save_hf(host, cfg, str(tmp_path / "host"))
+  a = load_file(str(tmp_path / "dev" / "model.safetensors"))
+  b = load_file(str(tmp_path / "host" / "model.safetensors"))
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
