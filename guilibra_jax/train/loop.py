@@ -21,6 +21,7 @@ from flax import nnx
 from guilibra_jax import sharding as S
 from guilibra_jax.train import checkpoint as C
 from guilibra_jax.train import model_factory
+from guilibra_jax.train.batching import put_batch, stack_micro_batches  # noqa: F401 (re-exported)
 from guilibra_jax.train.metrics import MetricsWriter, Progress
 from guilibra_jax.train.optimizer import make_optimizer
 from guilibra_jax.train.sft_step import init_state, make_sft_step
@@ -49,40 +50,6 @@ class _Preemption:
     def __exit__(self, *exc):
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
-
-
-def stack_micro_batches(batches: list[dict]) -> dict:
-    """[M] list of batches with equal shapes -> one batch with a leading M axis."""
-    def stack(*xs):
-        return np.stack(xs)
-    return jax.tree.map(stack, *batches)
-
-
-def put_batch(batch: dict, mesh, *, micro_axis: bool = True) -> dict:
-    """Place a host batch on the mesh: the per-sample dimension of every array is
-    sharded over (data, fsdp); pixel arrays and vision metadata are replicated.
-    Multi-process: each process passes its own shard."""
-    batch_dim = 1 if micro_axis else 0
-
-    def place(path, x):
-        x = np.asarray(x)
-        name = str(getattr(path[0], "key", path[0]))
-        if name in ("pixel_values", "vision") or x.ndim <= batch_dim:
-            sh = S.replicated(mesh)
-            spec_dim = None
-        else:
-            dim = batch_dim + (1 if name == "positions" else 0)
-            sh = S.batch_sharding(mesh, x.ndim, dim)
-            spec_dim = dim
-        if jax.process_count() == 1:
-            return jax.device_put(x, sh)
-        if spec_dim is None:
-            return jax.make_array_from_process_local_data(sh, x, x.shape)
-        global_shape = list(x.shape)
-        global_shape[spec_dim] *= jax.process_count()
-        return jax.make_array_from_process_local_data(sh, x, tuple(global_shape))
-
-    return jax.tree_util.tree_map_with_path(place, batch)
 
 
 def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict:
@@ -150,7 +117,7 @@ def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict
         while step < tc.steps:
             host = stack_micro_batches([next(data) for _ in range(tc.grad_accum)])
             tokens_since += float(np.sum(host["segment_ids"] > 0)) * jax.process_count()
-            state, metrics = jit_step(state, put_batch(host, mesh))
+            state, metrics = jit_step(state, put_batch(host, mesh, model_config=model_config))
             step += 1
             if step % tc.log_every == 0 or step == tc.steps:
                 metrics = jax.device_get(metrics)

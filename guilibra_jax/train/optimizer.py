@@ -45,6 +45,11 @@ def _group_of(path: str, multipliers: Mapping[str, float], freeze: Sequence[str]
     return "default"
 
 
+def decays(path: str) -> bool:
+    """Whether weight decay applies to the parameter at ``path`` (kernels, embeddings)."""
+    return path.rsplit("/", 1)[-1] in ("kernel", "embedding")
+
+
 def make_optimizer(params: Any, *, lr: float, total_steps: int, warmup_steps: int = 0, schedule: str = "cosine",
                    weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
                    clip_norm: float | None = 1.0, lr_multipliers: Mapping[str, float] | None = None,
@@ -52,14 +57,15 @@ def make_optimizer(params: Any, *, lr: float, total_steps: int, warmup_steps: in
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """The optimizer and its base schedule. ``lr_multipliers`` maps a path regex to a
     factor on the learning rate (first match wins); ``freeze`` regexes get no update
-    and no optimizer state. Weight decay skips 1-D parameters (norms, biases)."""
+    and no optimizer state. Weight decay applies to kernels and embeddings only (never to
+    biases or norm scales, whatever their rank: q/k/v biases are [heads, head_dim])."""
     lr_multipliers = dict(lr_multipliers or {})
     base = learning_rate_schedule(lr, total_steps, warmup_steps, schedule, end_lr_fraction)
     paths = param_paths(params)
     labels = jax.tree.map(lambda p: _group_of(p, lr_multipliers, freeze), paths)
 
     def decay_mask(tree):
-        return jax.tree.map(lambda x: getattr(x, "ndim", 0) > 1, tree)
+        return jax.tree.map(decays, param_paths(tree))
 
     def adamw(scale: float) -> optax.GradientTransformation:
         return optax.adamw(lambda step: base(step) * scale, b1=b1, b2=b2, eps=eps,

@@ -92,3 +92,28 @@ def test_frozen_modules_do_not_move_and_multipliers_scale(tiny):
     assert not any(m for p, m in flat.items() if p.startswith("visual/"))
     assert not any(m for p, m in flat.items() if "embed_tokens" in p)
     assert any(m for p, m in flat.items() if "layers" in p and not p.startswith("visual/"))
+
+
+def test_weight_decay_skips_biases_and_norms_of_any_rank():
+    """q/k/v biases are [heads, head_dim] and the vision qkv bias is 3-D: rank does not
+    decide decay, the parameter's role does. With lr > 0 and a zero gradient, AdamW's
+    update is exactly -lr * wd * param on decayed leaves and 0 elsewhere."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from guilibra_jax import models as M
+    from guilibra_jax.train import fake_batch as F
+    from guilibra_jax.train.optimizer import make_optimizer, param_paths
+
+    nnx.use_eager_sharding(False)
+    params = nnx.to_pure_dict(nnx.state(M.QwenVL(F.tiny_config("qwen2_5_vl"), rngs=nnx.Rngs(0)), nnx.Param))
+    tx, _ = make_optimizer(params, lr=0.1, total_steps=10, schedule="constant", weight_decay=0.5, clip_norm=None)
+    updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
+    seen = set()
+    for path, u, p in zip(jax.tree.leaves(param_paths(params)), jax.tree.leaves(updates), jax.tree.leaves(params)):
+        leaf = path.rsplit("/", 1)[-1]
+        seen.add((leaf, p.ndim))
+        want = -0.1 * 0.5 * p if leaf in ("kernel", "embedding") else jnp.zeros_like(p)
+        assert jnp.allclose(u, want, atol=1e-7), path
+    assert ("bias", 2) in seen and ("bias", 3) in seen and ("scale", 1) in seen
