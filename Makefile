@@ -7,7 +7,7 @@ WORKDIR ?= runs/demo
 export HF_HUB_OFFLINE=1
 export TRANSFORMERS_OFFLINE=1
 
-.PHONY: demo test install install-test clean
+.PHONY: demo demo-grpo demo-mopd test install install-test clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,10 +22,32 @@ $(VENV)/.installed-test: setup.py | $(PY)
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
-install-test: $(VENV)/.installed-test
+install-# Stage 2 on the demo world (after `make demo`): GRPO from the ASFT export.
+demo-grpo: $(VENV)/.installed
+	$(PY) -m launch.train --config=configs/grpo_demo.py --workdir=runs/grpo_demo \
+	    --config.model.hf_path=$(WORKDIR)/export
+
+# UI-MOPD on the demo world: two single-platform teachers, then the student.
+demo-mopd: $(VENV)/.installed
+	$(PY) -m launch.train --config=configs/mopd_demo.py:teacher_desktop --workdir=runs/mopd_demo/teacher_desktop
+	$(PY) -m launch.train --config=configs/mopd_demo.py:teacher_mobile --workdir=runs/mopd_demo/teacher_mobile
+	$(PY) -m launch.train --config=configs/mopd_demo.py:student --workdir=runs/mopd_demo/student
+
+test: $(VENV)/.installed-test
 
 demo: $(VENV)/.installed
 	$(PY) -m launch.train --config=configs/demo.py --workdir=$(WORKDIR)
+
+# Stage 2 on the demo world (after `make demo`): GRPO from the ASFT export.
+demo-grpo: $(VENV)/.installed
+	$(PY) -m launch.train --config=configs/grpo_demo.py --workdir=runs/grpo_demo \
+	    --config.model.hf_path=$(WORKDIR)/export
+
+# UI-MOPD on the demo world: two single-platform teachers, then the student.
+demo-mopd: $(VENV)/.installed
+	$(PY) -m launch.train --config=configs/mopd_demo.py:teacher_desktop --workdir=runs/mopd_demo/teacher_desktop
+	$(PY) -m launch.train --config=configs/mopd_demo.py:teacher_mobile --workdir=runs/mopd_demo/teacher_mobile
+	$(PY) -m launch.train --config=configs/mopd_demo.py:student --workdir=runs/mopd_demo/student
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q $(PYTEST_ARGS)

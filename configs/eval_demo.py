@@ -1,11 +1,30 @@
-"""Offline + online evaluation of the built-in agents on the synthetic world.
+r"""Offline + online evaluation of the built-in agents on the synthetic world.
 
     python -m launch.eval --config=configs/eval_demo.py --workdir=DIR
     python -m launch.eval --config=configs/eval_demo.py:smoke --workdir=DIR   # seconds
 
-A trained checkpoint joins by registering an agent factory
-(``guilibra_jax.eval.agents.register_agent``) and listing its name in ``agents``, with
-its keyword arguments under ``agent_kwargs.<name>``.
+A trained checkpoint is the ``checkpoint`` agent (:mod:`guilibra_jax.eval.model_agent`):
+list it in ``agents`` and point it at a training workdir (latest checkpoint, or
+``step``) or at a Hugging Face folder::
+
+    python -m launch.eval --config=configs/eval_demo.py --workdir=runs/eval \
+        --config.agents='("expert","checkpoint")' --config.agent_kwargs.checkpoint.workdir=runs/demo
+    python -m launch.eval --config=configs/eval_demo.py --workdir=runs/eval_hf \
+        --config.agents='("checkpoint",)' --config.agent_kwargs.checkpoint.hf_path=runs/demo/export \
+        --config.agent_kwargs.checkpoint.run_config=runs/demo
+
+The model is prompted exactly as in training and scored in its own format and
+coordinate space (from its run config; ``coord_space`` / ``response_format`` below are
+for the built-in agents). The world must look like the training data: screen sizes 0
+give the same small defaults the trainer's synthetic data uses, and ``data.seed`` /
+``data.split_fraction`` should equal the run's ``data.synthetic.seed`` /
+``test_fraction`` so that evaluated tasks were held out of training. An HF folder has
+no run config: ``run_config`` names the training workdir it was exported from (or set
+the run's ``method`` / ``system_prompt`` / ``min_pixels`` / ``max_pixels`` one by one).
+
+Other agents join by registering a factory (``guilibra_jax.eval.agents.register_agent``)
+and listing its name in ``agents``, with its keyword arguments under
+``agent_kwargs.<name>``.
 """
 
 import ml_collections as mlc
@@ -26,7 +45,14 @@ def get_config(arg=None):
     c.coord_space = "norm1000"       # GUI-Libra point_2d space: norm1000 | pixels | unit | resized_pixels
     c.resize = mlc.ConfigDict(dict(family="qwen2_5_vl", min_pixels=0, max_pixels=0))  # resized_pixels only
     c.agents = ("expert", "random", "convention")
-    c.agent_kwargs = mlc.ConfigDict(dict(expert={}, random=dict(seed=0), convention={}))
+    c.agent_kwargs = mlc.ConfigDict(dict(
+        expert={}, random=dict(seed=0), convention={},
+        # used only when "checkpoint" is in agents; set exactly one of workdir / hf_path.
+        # step -1: the latest; run_config: hf_path's training workdir; "" / 0: the run config's
+        checkpoint=dict(workdir="", hf_path="", step=-1, run_config="", max_new_tokens=256, temperature=0.0,
+                        batch_size=8, method="", system_prompt="", min_pixels=0, max_pixels=0, max_length=0,
+                        dtype=""),
+    ))
     if arg == "smoke":
         c.data.n_tasks = 8
         c.online.episodes = 4

@@ -58,6 +58,9 @@ class SamplingConfig:
     max_new_tokens: N, the number of generated slots.
     stop_token_ids: a row is done after it emits any of these (kept, counted in lengths).
     pad_token_id: written after a row's stop token.
+    banned_token_ids: never sampled (their logits are -inf before anything else), e.g. the
+      vision placeholders: a response holding ``<|image_pad|>`` would take image features
+      when the rollout is re-scored. Score with the same ids (:func:`score`).
     """
     temperature: float = 1.0
     top_p: float = 1.0
@@ -65,6 +68,7 @@ class SamplingConfig:
     max_new_tokens: int = 256
     stop_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
+    banned_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
         ids = self.stop_token_ids
@@ -75,6 +79,7 @@ class SamplingConfig:
         object.__setattr__(self, "top_k", int(self.top_k))
         object.__setattr__(self, "max_new_tokens", int(self.max_new_tokens))
         object.__setattr__(self, "pad_token_id", int(self.pad_token_id))
+        object.__setattr__(self, "banned_token_ids", tuple(int(i) for i in (self.banned_token_ids or ())))
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
@@ -102,6 +107,13 @@ class GenerationOutput(NamedTuple):
 
 
 # ----------------------------------------------------------------------------- one token
+def ban_tokens(logits: Array, banned_token_ids: tuple[int, ...]) -> Array:
+    """``logits`` with the (static) ``banned_token_ids`` set to -inf on the last axis."""
+    if not banned_token_ids:
+        return logits
+    return logits.at[..., jnp.asarray(banned_token_ids, jnp.int32)].set(-jnp.inf)
+
+
 def sampling_logits(logits: Array, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0):
     """The sampling distribution's logits, in "sorted space" when filtering is on.
 
@@ -172,6 +184,7 @@ def _generate(graphdef, params, prompt_ids, prompt_mask, positions, rope_deltas,
     stop = jnp.asarray(config.stop_token_ids or (-1,), jnp.int32)
 
     def emit(i, logits, tokens, logprobs, lengths, done):
+        logits = ban_tokens(logits.astype(jnp.float32), config.banned_token_ids)
         tok, lp = sample_token(logits, jax.random.fold_in(rng, i), config.temperature, config.top_p, config.top_k)
         tok = jnp.where(done, pad, tok)
         lp = jnp.where(done, 0.0, lp)
@@ -233,6 +246,16 @@ def generate(graphdef: nnx.GraphDef, params: Any, prompt_ids, prompt_mask, posit
         raise TypeError(f"config must be a SamplingConfig, got {type(config).__name__}")
     return _generate_jit(graphdef, params, prompt_ids, prompt_mask, positions, rope_deltas, pixel_values, vision,
                          rng, config)
+
+
+def decode_response(tokenizer: Any, ids, stop_token_ids: Sequence[int] = ()) -> str:
+    """Text of one row's generated ids (``tokens[b, :lengths[b]]``) without its final stop
+    token. Other special tokens stay: ``<think>`` and ``<tool_call>`` are special tokens in
+    some tokenizers (the demo's), and skipping them would erase the response format."""
+    ids = [int(t) for t in ids]
+    if ids and ids[-1] in set(stop_token_ids):
+        ids = ids[:-1]
+    return tokenizer.decode(ids, skip_special_tokens=False)
 
 
 # ----------------------------------------------------------------------------- host prompts
@@ -309,15 +332,21 @@ def prepare_prompts(prompts: Sequence[tuple], model_config: ModelConfig, pad_id:
 
 
 # ----------------------------------------------------------------------------- scoring
-def _token_logprobs(model, h, targets, temperature: float, chunk_size: int | None):
-    """log_softmax(logits(h) / temperature)[targets]: [B, T] float32, in T-chunks if asked."""
+def _token_logprobs(model, h, targets, temperature: float, chunk_size: int | None, with_entropy: bool = False,
+                    banned_token_ids: tuple[int, ...] = ()):
+    """log_softmax(logits(h) / temperature)[targets] [B, T] float32 (and the entropy of
+    that distribution [B, T] when asked), banned ids excluded, in T-chunks if asked."""
 
     def one(hc, tc):
-        logits = model.logits_from_hidden(hc)
+        logits = ban_tokens(model.logits_from_hidden(hc).astype(jnp.float32), banned_token_ids)
         if temperature != 1.0:
             logits = logits / jnp.float32(temperature)
-        picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
-        return picked - jax.nn.logsumexp(logits, axis=-1)
+        logz = jax.nn.logsumexp(logits, axis=-1)
+        picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0] - logz
+        if not with_entropy:
+            return picked, jnp.zeros_like(picked)
+        p = jnp.exp(logits - logz[..., None])
+        return picked, logz - jnp.sum(jnp.where(p > 0, p * logits, 0.0), axis=-1)
 
     b, t = targets.shape
     if not chunk_size or chunk_size >= t:
@@ -326,33 +355,51 @@ def _token_logprobs(model, h, targets, temperature: float, chunk_size: int | Non
     padded = n * chunk_size
     hp = jnp.pad(h, ((0, 0), (0, padded - t), (0, 0))).reshape(b, n, chunk_size, -1).swapaxes(0, 1)
     tp = jnp.pad(targets, ((0, 0), (0, padded - t))).reshape(b, n, chunk_size).swapaxes(0, 1)
-    out = jax.lax.map(lambda xs: one(*xs), (hp, tp))  # [n, B, c]
-    return out.swapaxes(0, 1).reshape(b, padded)[:, :t]
+    lp, ent = jax.lax.map(lambda xs: one(*xs), (hp, tp))  # [n, B, c] each
+    unchunk = lambda x: x.swapaxes(0, 1).reshape(b, padded)[:, :t]
+    return unchunk(lp), unchunk(ent)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "chunk_size"))
+def token_logprobs(model, input_ids, positions, segment_ids, pixel_values=None, vision=None, response_mask=None,
+                   *, temperature: float = 1.0, chunk_size: int | None = None, with_entropy: bool = False,
+                   banned_token_ids: tuple[int, ...] = ()) -> tuple[Array, Array, Array]:
+    """(logp, valid, entropy), each [B, T], of a merged ``model`` on given sequences
+    (differentiable; :func:`score` is its jitted, parameter-dict form).
+
+    Aligned like the SFT targets: ``logp[:, t] = log p(input_ids[:, t + 1] | input_ids[:, :t + 1])``
+    (logits at t predict the next token), so ``response_mask[:, t]`` (same alignment)
+    marks the positions whose *next* token is a response token. ``valid`` is False (and
+    logp, entropy 0) where the next token is padding or belongs to another packed
+    segment, at the last position, and where ``response_mask`` is 0. ``entropy`` (only
+    with ``with_entropy``, else zeros) is that of the whole next-token distribution.
+    ``banned_token_ids``: excluded from the distribution, as the sampler's.
+    """
+    seg = segment_ids.astype(jnp.int32)
+    ids = input_ids.astype(jnp.int32)
+    h = model.hidden_states(ids, positions.astype(jnp.int32), seg, pixel_values, vision)
+    targets = jnp.concatenate([ids[:, 1:], jnp.zeros_like(ids[:, :1])], axis=1)
+    next_seg = jnp.concatenate([seg[:, 1:], jnp.zeros_like(seg[:, :1])], axis=1)
+    valid = (seg > 0) & (next_seg == seg)
+    if response_mask is not None:
+        valid = valid & (response_mask != 0)
+    lp, ent = _token_logprobs(model, h, jnp.where(valid, targets, 0), float(temperature), chunk_size, with_entropy,
+                              tuple(banned_token_ids))
+    return jnp.where(valid, lp, 0.0), valid, jnp.where(valid, ent, 0.0)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "chunk_size", "banned_token_ids"))
 def score(graphdef: nnx.GraphDef, params: Any, input_ids, positions, segment_ids, pixel_values=None, vision=None,
-          response_mask=None, *, temperature: float = 1.0, chunk_size: int | None = None) -> Array:
-    """Per-token log-probs [B, T] float32 of the given tokens under the model.
-
-    Aligned like the SFT targets: ``out[:, t] = log p(input_ids[:, t + 1] | input_ids[:, :t + 1])``
-    (logits at t predict the next token), so ``response_mask[:, t]`` (same alignment) marks
-    the positions whose *next* token is a response token. Positions whose next token is
-    padding or belongs to another packed segment, the last position, and positions where
-    ``response_mask`` is 0 hold 0.
+          response_mask=None, *, temperature: float = 1.0, chunk_size: int | None = None,
+          banned_token_ids: tuple[int, ...] = ()) -> Array:
+    """Per-token log-probs [B, T] float32 of the given tokens under the model
+    (:func:`token_logprobs`'s alignment: ``out[:, t]`` scores ``input_ids[:, t + 1]``;
+    0 where not valid).
 
     ``temperature`` (static) divides the logits first, to score under the sampler's
     temperature; ``chunk_size`` (static) computes the vocabulary projection over T-chunks
     so the [B, T, V] logits are never materialised at once.
     """
     model = nnx.merge(graphdef, params)
-    seg = segment_ids.astype(jnp.int32)
-    h = model.hidden_states(input_ids.astype(jnp.int32), positions.astype(jnp.int32), seg, pixel_values, vision)
-    ids = input_ids.astype(jnp.int32)
-    targets = jnp.concatenate([ids[:, 1:], jnp.zeros_like(ids[:, :1])], axis=1)
-    next_seg = jnp.concatenate([seg[:, 1:], jnp.zeros_like(seg[:, :1])], axis=1)
-    valid = (seg > 0) & (next_seg == seg)
-    if response_mask is not None:
-        valid = valid & (response_mask != 0)
-    lp = _token_logprobs(model, h, jnp.where(valid, targets, 0), float(temperature), chunk_size)
-    return jnp.where(valid, lp, 0.0)
+    lp, _, _ = token_logprobs(model, input_ids, positions, segment_ids, pixel_values, vision, response_mask,
+                              temperature=temperature, chunk_size=chunk_size, banned_token_ids=banned_token_ids)
+    return lp

@@ -170,11 +170,13 @@ def sngs_scale(advantages: Array, group_signal: Array, *, lambda0: float = 0.5,
     """Success-adaptive negative gradient scaling (GUI-Libra).
 
     advantages [N, G], group_signal [N] (the group's success rate p^; the release uses
-    its mean reward). λ = min(lambda0 + kappa * p^, 1) [N]; negative advantages are
-    multiplied by λ, the others are unchanged. Returns (scaled [N, G], λ [N]).
+    its mean reward). λ = min(lambda0 + kappa * p^, 1) [N], floored at 0 so that a
+    negative signal (a reward scale below 0) never flips a negative advantage's sign;
+    negative advantages are multiplied by λ, the others are unchanged. Returns
+    (scaled [N, G], λ [N]).
     """
     a = _float(advantages)
-    lam = jnp.minimum(lambda0 + kappa * _float(group_signal), 1.0)
+    lam = jnp.clip(lambda0 + kappa * _float(group_signal), 0.0, 1.0)
     return jnp.where(a < 0, lam[..., None] * a, a), lam
 
 

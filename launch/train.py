@@ -1,5 +1,6 @@
 """Train: ``python -m launch.train --config=configs/X.py[:arg] --workdir=DIR [--config.a.b=v]``.
 
+``method`` in the config picks the trainer: sft (ASFT), grpo or mopd (stage 2).
 Re-running the same command resumes from the latest complete checkpoint in DIR.
 """
 
@@ -23,13 +24,14 @@ def main(argv):
     for noisy in ("absl", "orbax", "jax", "grain"):  # library chatter: warnings only
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from guilibra_jax.train import config as run_config
-    from guilibra_jax.train import loop
+    from guilibra_jax.train import loop, rl_loop
 
     config = _CONFIG.value
     run_config.validate(config)
     d = config.distributed
     distributed.initialize(d.coordinator_address, d.num_processes, d.process_id, d.local_device_ids)
-    row = loop.train(config, _WORKDIR.value)
+    run = loop.train if config.method == "sft" else rl_loop.train_rl
+    row = run(config, _WORKDIR.value)
     logging.info("final: %s", row)
 
 

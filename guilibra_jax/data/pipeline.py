@@ -48,6 +48,7 @@ class DataConfig:
     max_pixels: int | None = None
     mix: Any = "both"                      # both | reasoning | direct | p (reasoning probability)
     include_action_target: bool = False
+    system_prompt: str | None = None       # None: the method's own system turn; else a template
     pack: bool = False                     # several samples per row
     pack_samples: int | None = None        # samples per packed batch (default 4 x batch_size)
     pack_length: int | None = None         # row capacity when packing (default max(seq_buckets))
@@ -208,7 +209,7 @@ def _make_loader(cfg: Any, tokenizer: Any, model_config: Any, rl: bool, shard_in
     ids = T.SpecialIds.of(tokenizer)
     ids.check_model(model_config)
     family = model_config.family
-    spec = S.SampleSpec(cfg.method, family, cfg.include_action_target)
+    spec = S.SampleSpec(cfg.method, family, cfg.include_action_target, cfg.system_prompt or None)
     img_cfg = I.processor_config(family, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels,
                                  model_config=model_config)
     if source is None:

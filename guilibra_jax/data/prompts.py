@@ -75,6 +75,21 @@ def guilibra_system_prompt(platform: str) -> str:
     return GUILIBRA_SYSTEM_HEADER + A.action_space_prompt(guilibra_platform(platform))
 
 
+def system_prompt(method: str, platform: str, template: str | None = None) -> str:
+    """The system turn of ``method`` for ``platform``: the method's own prompt, or
+    ``template`` with ``{platform}`` (the native platform) and ``{actions}`` (the
+    GUI-Libra action types of the platform, comma-separated) filled in. A short
+    template keeps CPU demos fast (GUI-Libra's own prompt is ~300 tokens)."""
+    if not template:
+        return guilibra_system_prompt(platform) if method == "guilibra" else mopd_system_prompt(platform)
+    names = ", ".join(A.PLATFORM_ACTION_TYPES[guilibra_platform(platform)])
+    try:
+        return template.format(platform=platform, actions=names)
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(f"data.system_prompt template {template!r} is invalid ({e!r}); it may use "
+                         f"{{platform}} and {{actions}} only") from None
+
+
 def guilibra_history(history: Sequence[str]) -> str:
     if not history:
         return "None"

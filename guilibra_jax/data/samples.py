@@ -30,12 +30,15 @@ class SampleSpec:
     method: Literal["guilibra", "mopd"] = "guilibra"
     family: Literal["qwen2_5_vl", "qwen3_vl"] = "qwen2_5_vl"
     include_action_target: bool = False
+    system_prompt: str | None = None   # None: the method's own; else a template (P.system_prompt)
 
     def __post_init__(self):
         if self.method not in P.METHODS:
             raise ValueError(f"unknown method {self.method!r}; expected one of {P.METHODS}")
         if self.family not in A.THINK_TAG:
             raise ValueError(f"unknown family {self.family!r}; expected one of {sorted(A.THINK_TAG)}")
+        if self.system_prompt:
+            P.system_prompt(self.method, "mobile", self.system_prompt)  # fails early on a bad template
 
 
 @dataclasses.dataclass
@@ -54,11 +57,10 @@ class Sample:
 
 def prompt_turns(record: StepRecord, spec: SampleSpec, resized_size: tuple[int, int]) -> tuple[str, str]:
     """(system, user) text of a record; the user turn holds one ``<image>``."""
+    system = P.system_prompt(spec.method, record.platform, spec.system_prompt)
     if spec.method == "guilibra":
-        return (P.guilibra_system_prompt(record.platform),
-                P.guilibra_user_text(record.instruction, record.history, resized_size))
-    return (P.mopd_system_prompt(record.platform),
-            P.mopd_user_text(record.platform, record.instruction, record.history))
+        return system, P.guilibra_user_text(record.instruction, record.history, resized_size)
+    return system, P.mopd_user_text(record.platform, record.instruction, record.history)
 
 
 def render_target(record: StepRecord, spec: SampleSpec, resized_size: tuple[int, int],

@@ -4,13 +4,18 @@ An agent is any callable ``obs -> response text`` (GUI-Libra ``<answer>`` JSON o
 UI-MOPD tool call). Optional hooks: ``reset(env)`` is called at the start of every
 episode with the live :class:`envs.GuiEnv`; ``needs_world = True`` marks an agent that
 reads the world's state through that env (the scripted agents below), so offline
-evaluation replays the world for it instead of building observations from records.
+evaluation replays the world for it instead of building observations from records;
+``respond_batch(observations) -> list[str]`` (with ``batch_size``) answers many records
+at once offline; ``coord_space`` / ``resized_size`` attributes, when set, are the space
+its GUI-Libra points are scored in (default: the eval config's).
 
 Adding an agent is one function::
 
-    @register_agent("checkpoint")
-    def _checkpoint(path: str, **kw) -> Agent:
+    @register_agent("my_agent")
+    def _mine(path: str, **kw) -> Agent:
         return MySamplerAgent(path, **kw)
+
+A trained model is the ``checkpoint`` agent of :mod:`guilibra_jax.eval.model_agent`.
 
 Built-ins: ``expert`` (the world's demonstrations), ``random`` (uniform over the
 platform's actions) and ``convention`` (the expert's plan, acted out with the *other*
@@ -223,9 +228,15 @@ def responses_for_records(agent: Agent, records: Sequence[N.StepRecord], base_di
                           ) -> list[str]:
     """The agent's response for each record, in order. World agents (``needs_world``)
     see the world replayed along the demonstration to each record's state; others see
-    the record's screenshot, instruction and history."""
+    the record's screenshot, instruction and history, ``batch_size`` records per call of
+    the agent's ``respond_batch(observations) -> list[str]`` when it has one."""
     if not getattr(agent, "needs_world", False):
-        return [agent(observation_from_record(r, base_dir)) for r in records]
+        batch = getattr(agent, "respond_batch", None)
+        if batch is None:
+            return [agent(observation_from_record(r, base_dir)) for r in records]
+        n = max(1, int(getattr(agent, "batch_size", 1)))
+        return [text for i in range(0, len(records), n)
+                for text in batch([observation_from_record(r, base_dir) for r in records[i:i + n]])]
     by_traj: dict[str, list[int]] = defaultdict(list)
     for k, r in enumerate(records):
         by_traj[r.trajectory_id].append(k)

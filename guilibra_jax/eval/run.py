@@ -16,6 +16,7 @@ from typing import Any, Callable
 from guilibra_jax import actions as A
 from guilibra_jax.envs.export import export_dataset, load_records
 from guilibra_jax.eval import agents as AG
+from guilibra_jax.eval import model_agent  # noqa: F401  (registers the "checkpoint" agent)
 from guilibra_jax.eval.offline import evaluate_offline
 from guilibra_jax.eval.online import evaluate_online
 from guilibra_jax.eval.report import write_report
@@ -63,21 +64,31 @@ def _agent(config, name: str):
     return AG.make_agent(name, **kw)
 
 
+def _scoring_space(config, agent) -> tuple[str, Callable | None]:
+    """The space an agent's GUI-Libra points are read in: its own ``coord_space`` /
+    ``resized_size`` when it has them (a model answers in its training space; the
+    built-in agents take the config's), else the eval config's."""
+    if hasattr(agent, "coord_space"):
+        return agent.coord_space, getattr(agent, "resized_size", None)
+    return config.coord_space, resized_size_fn(config)
+
+
 def run_eval(config, workdir: str) -> dict[str, Any]:
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
         f.write(config.to_json(indent=1))
     records, data_dir = _dataset(config, workdir)
-    resize = resized_size_fn(config)
     entries = []
     for name in config.agents:
-        responses = AG.responses_for_records(_agent(config, name), records, data_dir)
-        offline = evaluate_offline(records, responses, config.coord_space, resize)
+        agent = _agent(config, name)
+        space, resize = _scoring_space(config, agent)
+        responses = AG.responses_for_records(agent, records, data_dir)
+        offline = {**evaluate_offline(records, responses, space, resize), "coord_space": space}
         traj_dir = os.path.join(workdir, "trajectories", name) if config.online.save_trajectories else None
-        online = evaluate_online(_agent(config, name), tuple(config.platforms), config.online.episodes,
+        online = evaluate_online(agent, tuple(config.platforms), config.online.episodes,
                                  max_steps=config.online.max_steps, seed=config.data.seed,
                                  split_fraction=config.data.split_fraction,
-                                 screen_size=_screen_size(config), coord_space=config.coord_space,
+                                 screen_size=_screen_size(config), coord_space=space,
                                  resized_size=resize, out_dir=traj_dir)
         for kind, obj in (("offline", offline), ("online", online)):
             with open(os.path.join(workdir, f"{kind}_{name}.json"), "w", encoding="utf-8") as f:

@@ -12,8 +12,14 @@ FAMILIES = ("qwen2_5_vl", "qwen3_vl")
 REMATS = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable")
 
 
+METHODS = ("sft", "grpo", "mopd")
+KL_KINDS = ("k1", "k2", "k3")
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
+
+
 def base_config() -> mlc.ConfigDict:
     c = mlc.ConfigDict()
+    c.method = "sft"         # sft (ASFT) | grpo (GUI-Libra stage 2) | mopd (UI-MOPD stage 2)
     c.model = mlc.ConfigDict(dict(
         hf_path="",          # local Hugging Face folder; "" = random init from `name`
         name="tiny",         # "tiny" or a named real size (qwen2_5_vl_3b, qwen3_vl_8b, ...)
@@ -31,6 +37,8 @@ def base_config() -> mlc.ConfigDict:
         eval_files=(),       # held-out records for the periodic offline eval (native)
         image_root="",       # guilibra_sft: folder relative image paths start from
         method="guilibra",   # guilibra (<answer> JSON) | mopd (tool calls): the target format
+        system_prompt="",    # "" = the method's own system turn; else a template that may use
+                             # {platform} and {actions} (a short one keeps CPU demos fast)
         mix="both",          # both (each step as reasoning + direct-action sample: 1:1) |
                              # reasoning | direct | a probability of keeping the reasoning, e.g. "0.5"
         max_length=4096,     # longer samples are filtered (counted, never silently)
@@ -47,6 +55,20 @@ def base_config() -> mlc.ConfigDict:
         lr=1e-5, warmup_steps=0, schedule="cosine", end_lr_fraction=0.0, weight_decay=0.0,
         b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0,
         lr_multipliers={}, freeze=(),  # path regex -> lr factor; path regexes not trained
+    ))
+    c.rl = mlc.ConfigDict(dict(
+        group_size=8,        # G responses per prompt; data.batch_size prompts per step and process
+        temperature=1.0, top_p=0.98, top_k=0, max_new_tokens=256,
+        ppo_epochs=1, minibatches=1,   # optimizer updates per rollout = ppo_epochs * minibatches
+        clip_low=0.2, clip_high=0.2, aggregation="token_mean",
+        normalize_std=True,  # group advantages (r - mean) / std; False: r - mean (UI-MOPD)
+        kl_beta=0.001, kl_kind="k3", kl_clamp=10.0,   # GRPO's trust region; beta > 0 by design
+        reference="",        # GRPO: frozen reference (HF folder or training workdir); "" = start policy
+        sngs=dict(enabled=True, lambda0=0.5, kappa=1.5, signal="mean_reward"),  # or success_rate
+        reward=dict(w_fmt=0.1, value_rule="paper", point_tolerance=0.05),
+        teachers={},         # MOPD: platform label -> HF folder or training workdir ("*": any other)
+        mopd=dict(beta=0.01, kl_mask_tau=0.1, pass_floor=0.01),
+        score_chunk=0,       # vocabulary projection over T-chunks of this size when scoring (0 = off)
     ))
     c.mesh = mlc.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
     c.train = mlc.ConfigDict(dict(
@@ -66,6 +88,10 @@ def _fail(key: str, value: Any, expected: str) -> None:
 
 def validate(c: mlc.ConfigDict) -> None:
     """Check values before anything heavy starts; errors name the key."""
+    if c.method not in METHODS:
+        _fail("method", c.method, f"one of {METHODS}")
+    if c.method != "sft":
+        _validate_rl(c)
     m = c.model
     if m.hf_path and not os.path.isdir(m.hf_path):
         _fail("model.hf_path", m.hf_path, "an existing local Hugging Face folder")
@@ -108,3 +134,41 @@ def validate(c: mlc.ConfigDict) -> None:
     for axis in ("data", "fsdp", "tensor"):
         if c.mesh[axis] == 0 or c.mesh[axis] < -1:
             _fail(f"mesh.{axis}", c.mesh[axis], "a positive size or -1")
+
+
+def _validate_rl(c: mlc.ConfigDict) -> None:
+    r = c.rl
+    for key in ("group_size", "max_new_tokens", "ppo_epochs", "minibatches"):
+        if r[key] <= 0:
+            _fail(f"rl.{key}", r[key], "a positive integer")
+    if r.group_size < 2:
+        _fail("rl.group_size", r.group_size, "at least 2 (group-relative advantages)")
+    if r.temperature <= 0:
+        _fail("rl.temperature", r.temperature, "> 0 (on-policy sampling)")
+    if not 0.0 < r.top_p <= 1.0:
+        _fail("rl.top_p", r.top_p, "in (0, 1]")
+    if r.aggregation not in AGGREGATIONS:
+        _fail("rl.aggregation", r.aggregation, f"one of {AGGREGATIONS}")
+    rows = c.data.batch_size * r.group_size
+    if rows % (r.minibatches * c.train.grad_accum):
+        _fail("rl.minibatches", r.minibatches, f"a divisor of data.batch_size * rl.group_size = {rows} "
+              f"together with train.grad_accum = {c.train.grad_accum}")
+    if c.method == "grpo":
+        if r.kl_kind not in KL_KINDS:
+            _fail("rl.kl_kind", r.kl_kind, f"one of {KL_KINDS}")
+        if r.kl_beta < 0:
+            _fail("rl.kl_beta", r.kl_beta, ">= 0 (the conservative recipe uses > 0)")
+        if r.sngs.signal not in ("mean_reward", "success_rate"):
+            _fail("rl.sngs.signal", r.sngs.signal, "mean_reward or success_rate")
+        if r.reference and not os.path.isdir(r.reference):
+            _fail("rl.reference", r.reference, "an existing HF folder or training workdir")
+        if c.data.method != "guilibra":
+            _fail("data.method", c.data.method, "guilibra for method=grpo (GUI-Libra rewards)")
+    if c.method == "mopd":
+        if not r.teachers:
+            _fail("rl.teachers", dict(r.teachers), "a mapping platform label -> teacher folder")
+        for label, path in r.teachers.items():
+            if not os.path.isdir(path):
+                _fail(f"rl.teachers.{label}", path, "an existing HF folder or training workdir")
+        if c.data.method != "mopd":
+            _fail("data.method", c.data.method, "mopd for method=mopd (tool-call rewards)")

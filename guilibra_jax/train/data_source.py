@@ -95,9 +95,10 @@ def data_config(config, files: list[str], *, for_eval: bool = False) -> dict:
     buckets = tuple(d.seq_buckets) or (d.max_length,)
     return dict(
         inputs=tuple(files), format=d.format, method=d.method, image_root=d.image_root or None,
+        system_prompt=d.system_prompt or None,
         batch_size=d.batch_size, seq_buckets=buckets, max_length=d.max_length, patch_bucket=d.patch_bucket,
         min_pixels=d.min_pixels or None, max_pixels=d.max_pixels or None, mix=mix if not for_eval else "reasoning",
-        pack=d.pack and not for_eval, seed=d.seed, shuffle=not for_eval, num_epochs=1 if for_eval else None,
+        pack=d.pack and not for_eval, seed=d.seed, shuffle=True, num_epochs=1 if for_eval else None,
         drop_remainder=not for_eval, num_workers=0 if for_eval else d.workers,
         bad_record_threshold=d.max_bad_fraction, splits=None if for_eval else ("train",))
 
@@ -215,7 +216,7 @@ def make_evaluator(config, tokenizer, model_config, graphdef, workdir: str):
             for i, target in enumerate(batch["reward_targets"]):
                 if target is None or not batch["row_valid"][i]:
                     continue
-                text = tokenizer.decode(tokens[i, :lengths[i]], skip_special_tokens=True)
+                text = G.decode_response(tokenizer, tokens[i, :lengths[i]], stop)
                 r = R.guilibra_reward(text, target, coord_space=space, resized_size=resized(target.image_size))
                 rows.append((batch["platform"][i], r, text, target))
             if len(rows) >= config.train.eval_samples:

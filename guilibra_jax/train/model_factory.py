@@ -7,6 +7,7 @@ import logging
 import os
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -94,3 +95,40 @@ def export(graphdef, params, model_config: M.ModelConfig, tokenizer, path: str) 
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
     return path
+
+
+def load_frozen(path: str, *, dtype: str = "bfloat16", param_dtype: str = "bfloat16", step: int | None = None
+                ) -> tuple[Any, Any, M.ModelConfig]:
+    """(graphdef, params, model_config) of a model that is only scored (a GRPO reference,
+    a MOPD teacher, an evaluated checkpoint), from a Hugging Face folder (config.json +
+    safetensors) or a training workdir of ours (config.json + tokenizer/ + checkpoints/;
+    the latest checkpoint, or ``step``). No optimizer state is kept."""
+    import json
+
+    import ml_collections as mlc
+
+    from guilibra_jax.train import checkpoint as C
+
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model folder {path!r} not found")
+    has_weights = any(f.endswith(".safetensors") for f in os.listdir(path))
+    if has_weights:
+        model, model_config = M.load_hf(path, dtype=dtype_of(dtype, "dtype"),
+                                        param_dtype=dtype_of(param_dtype, "param_dtype"))
+        graphdef, pstate, _ = nnx.split(model, nnx.Param, ...)
+        return graphdef, nnx.to_pure_dict(pstate), model_config
+    ckpt_dir = os.path.join(path, "checkpoints")
+    if not (os.path.isdir(ckpt_dir) and os.path.exists(os.path.join(path, "config.json"))):
+        raise FileNotFoundError(f"{path!r} is neither a Hugging Face folder (config.json + *.safetensors) nor a "
+                                f"training workdir (config.json + checkpoints/)")
+    with open(os.path.join(path, "config.json")) as f:
+        run = mlc.ConfigDict(json.load(f))
+    tok_dir = run.tokenizer.path or run.model.hf_path or os.path.join(path, "tokenizer")
+    tokenizer = load_tokenizer(tok_dir)
+    run.model.dtype, run.model.param_dtype = dtype, param_dtype
+    model, model_config = build_model(run, tokenizer)
+    graphdef, pstate, _ = nnx.split(model, nnx.Param, ...)
+    _, params = C.restore_params(ckpt_dir, nnx.to_pure_dict(pstate), step)
+    cast = dtype_of(param_dtype, "param_dtype")
+    params = jax.tree.map(lambda x: jnp.asarray(x, cast), params)
+    return graphdef, params, model_config

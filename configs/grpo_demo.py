@@ -1,0 +1,46 @@
+"""Stage 2 of the quick-start demo: GUI-Libra's conservative GRPO on the synthetic world,
+starting from the ASFT demo's export (run ``make demo`` first):
+
+    python -m launch.train --config=configs/grpo_demo.py --workdir=runs/grpo_demo \\
+        --config.model.hf_path=runs/demo/export
+
+The frozen reference is the starting (SFT) policy. ``:smoke`` runs a few steps of a
+random tiny policy (tests).
+"""
+
+import os
+
+from configs import demo
+
+
+def get_config(arg=None):
+    c = demo.get_config("smoke" if arg == "smoke" else None)
+    c.method = "grpo"
+    c.model.hf_path = os.environ.get("GUILIBRA_SFT_EXPORT", "runs/demo/export")
+    c.data.batch_size = 4          # prompts per step; x group_size rollouts
+    c.data.mix = "direct"
+    c.rl.group_size = 8
+    c.rl.max_new_tokens = 96
+    c.rl.top_p = 1.0
+    c.rl.kl_beta = 0.01
+    c.rl.minibatches = 2
+    c.rl.reward.value_rule = "release"
+    c.optim.lr = 2e-4
+    c.optim.warmup_steps = 0
+    c.optim.schedule = "constant"
+    c.train.steps = 40
+    c.train.log_every = 1
+    c.train.checkpoint_every = 20
+    c.train.eval_every = 40
+    c.train.eval_samples = 128
+    if arg == "smoke":              # a random tiny policy (no SFT run needed)
+        c.model.hf_path = ""
+        c.data.batch_size = 2
+        c.rl.group_size = 4
+        c.rl.max_new_tokens = 16
+        c.train.steps = 3
+        c.train.checkpoint_every = 2
+        c.train.eval_every = 0
+    elif arg:
+        raise ValueError(f"configs/grpo_demo.py: unknown argument {arg!r}; expected 'smoke' or none")
+    return c

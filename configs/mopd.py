@@ -1,0 +1,50 @@
+"""UI-MOPD stage 2 (METHOD.md sections 3 and 5): a Qwen3-VL-8B student samples G = 8
+tool-call responses per Uni-GUI instruction; each rollout's tokens are scored by the
+teacher of its platform (two Qwen3-VL-32B teachers from ``configs/mopd_teacher_sft.py``);
+K3 clamped to 10, beta 0.01, group advantages without std normalisation, clip 0.2 low /
+0.28 high, lr 1e-6, KL mask off above pass rate 0.1, advantages zeroed below 0.01,
+responses <= 512 tokens, one epoch.
+
+    python -m launch.train --config=configs/mopd.py --workdir=DIR \\
+        --config.model.hf_path=/models/Qwen3-VL-8B-Thinking --config.data.train_files=/data/uni-gui \\
+        --config.rl.teachers.desktop=/ckpt/teacher-desktop --config.rl.teachers.mobile=/ckpt/teacher-mobile
+"""
+
+import ml_collections as mlc
+
+from guilibra_jax.train.config import base_config
+
+
+def get_config(arg=None):
+    if arg:
+        raise ValueError(f"configs/mopd.py takes no argument, got {arg!r}")
+    c = base_config()
+    c.method = "mopd"
+    c.model.name = "qwen3_vl_8b"
+    c.model.tiny.family = "qwen3_vl"
+    c.model.dtype = "bfloat16"
+    c.model.remat = "dots_with_no_batch_dims_saveable"
+    c.model.scan_layers = True
+    c.data.format = "uni_gui"
+    c.data.method = "mopd"
+    c.data.max_length = 4096
+    c.data.batch_size = 16
+    c.rl.group_size = 8
+    c.rl.temperature = 1.0
+    c.rl.top_p = 1.0
+    c.rl.max_new_tokens = 512
+    c.rl.clip_low, c.rl.clip_high = 0.2, 0.28
+    c.rl.normalize_std = False
+    c.rl.kl_clamp = 10.0
+    c.rl.mopd.beta, c.rl.mopd.kl_mask_tau, c.rl.mopd.pass_floor = 0.01, 0.1, 0.01
+    c.rl.sngs.enabled = False
+    c.rl.teachers = mlc.ConfigDict({"desktop": "", "mobile": ""})   # set both to teacher folders
+    c.rl.score_chunk = 1024
+    c.optim.lr = 1e-6
+    c.optim.schedule = "constant"
+    c.mesh.fsdp = 8
+    c.mesh.tensor = 4
+    c.train.steps = 1000
+    c.train.log_every = 1
+    c.train.checkpoint_every = 50
+    return c

@@ -1,0 +1,56 @@
+"""UI-MOPD on the synthetic world, on CPU, in three runs (``make demo-mopd``):
+
+    teacher_desktop   ASFT on desktop tool-call data only -> runs/mopd_demo/teacher_desktop
+    teacher_mobile    ASFT on mobile data only            -> runs/mopd_demo/teacher_mobile
+    student           MOPD: starts from the desktop teacher (it knows desktop conventions
+                      only) and samples on both platforms; each rollout is scored by its
+                      platform's teacher (K3, adaptive KL mask) next to the task reward.
+
+All three share the desktop teacher's tokenizer. ``--config.rl.teachers.*`` and
+``--config.model.hf_path`` point elsewhere when the runs live elsewhere (``ROOT`` below).
+"""
+
+import ml_collections as mlc
+
+from configs import demo
+
+ROOT = "runs/mopd_demo"
+ARGS = ("teacher_desktop", "teacher_mobile", "student")
+
+
+def get_config(arg="student"):
+    if arg not in ARGS:
+        raise ValueError(f"configs/mopd_demo.py: unknown argument {arg!r}; expected one of {ARGS}")
+    c = demo.get_config()
+    c.data.method = "mopd"
+    c.data.mix = "direct"
+    c.data.max_length = 384        # the tool schema of the system turn is longer than GUI-Libra's short one
+    c.data.system_prompt = ""
+    if arg.startswith("teacher"):
+        platform = arg.split("_")[1]
+        c.data.synthetic.platforms = (platform,)
+        if platform == "mobile":
+            c.tokenizer.path = f"{ROOT}/teacher_desktop/tokenizer"
+        c.train.eval_every = 0
+        return c
+    c.method = "mopd"
+    c.model.hf_path = f"{ROOT}/teacher_desktop/export"
+    c.tokenizer.path = f"{ROOT}/teacher_desktop/tokenizer"
+    c.rl.teachers = mlc.ConfigDict({"desktop": f"{ROOT}/teacher_desktop", "mobile": f"{ROOT}/teacher_mobile"})
+    c.data.batch_size = 4
+    c.rl.group_size = 8
+    c.rl.max_new_tokens = 96
+    c.rl.top_p = 1.0
+    c.rl.normalize_std = False
+    c.rl.clip_low, c.rl.clip_high = 0.2, 0.28
+    c.rl.mopd.beta = 0.5           # the tiny teachers are the point here; the paper's 0.01 is for 8B/32B
+    c.rl.sngs.enabled = False
+    c.rl.minibatches = 2
+    c.optim.lr = 2e-4
+    c.optim.warmup_steps = 0
+    c.optim.schedule = "constant"
+    c.train.steps = 40
+    c.train.log_every = 1
+    c.train.checkpoint_every = 20
+    c.train.eval_every = 0
+    return c

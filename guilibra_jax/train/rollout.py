@@ -1,0 +1,193 @@
+"""Rollouts on the host: G copies of each prompt, prompt + response sequences for
+scoring and updates, rewards and group statistics. numpy only; the device work
+(sampling, scoring, updates) is in :mod:`rl_loop`.
+
+Rows. An RL batch (``collate.collate_rl``) of B prompt rows becomes B*G rollout rows,
+group-major: row ``b * G + k`` is response k of prompt b. A prompt row whose record was
+dropped (``row_valid`` False) is replaced by a valid prompt so that sampling never sees
+an empty prompt, and its whole group is marked invalid (no loss, no metrics).
+
+Sequences. Row r is ``[left-padded prompt | response | padding]`` of ``Tp + N`` slots with
+``segment_ids`` 1 on real tokens and 0 on padding; response token i sits at M-RoPE
+position ``n_real + rope_deltas + i`` on all axes (``generate.decode_positions``), exactly
+where the sampler put it. ``response_mask[:, t]`` marks the positions whose next token
+is a response token (the alignment of ``generate.token_logprobs``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from guilibra_jax import rewards as R
+from guilibra_jax.data.collate import round_up
+from guilibra_jax.models import prepare_vision_inputs
+
+
+def vision_token_ids(model_config: Any) -> tuple[int, ...]:
+    """The vision placeholder ids a policy must never sample (``SamplingConfig.banned_token_ids``)."""
+    ids = (model_config.image_token_id, model_config.video_token_id, model_config.vision_start_token_id,
+           model_config.vision_end_token_id)
+    return tuple(sorted({int(i) for i in ids if i is not None}))
+
+
+def _per_row_pixels(batch: dict) -> list[np.ndarray | None]:
+    """Pixel rows of each prompt row (one image per sample, samples first, in order)."""
+    grids = np.asarray(batch.get("image_grid_thw", np.zeros((0, 3))), np.int64).reshape(-1, 3)
+    sizes = np.prod(grids, axis=1) if len(grids) else np.zeros((0,), np.int64)
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    pix = batch.get("pixel_values")
+    out: list[np.ndarray | None] = [None] * batch["prompt_ids"].shape[0]
+    for i in range(len(grids)):
+        out[i] = np.asarray(pix[bounds[i]:bounds[i + 1]])
+    return out
+
+
+@dataclasses.dataclass
+class Rollout:
+    """B*G rollout rows on the host. Response fields are set by :meth:`set_responses`."""
+
+    group_size: int
+    prompt_ids: np.ndarray        # [R, Tp] left-padded
+    prompt_mask: np.ndarray       # [R, Tp]
+    positions: np.ndarray         # [3, R, Tp]
+    rope_deltas: np.ndarray       # [R]
+    grids: list                   # [R] of [3] int64 or None
+    pixels: list                  # [R] of [n, D] float32 or None
+    valid: np.ndarray             # [R] bool
+    targets: list                 # [R] rewards.Target or None
+    platform: list                # [R] str
+    resized_size: list            # [R] (w, h)
+    tokens: np.ndarray | None = None    # [R, N]
+    lengths: np.ndarray | None = None   # [R]
+
+    @property
+    def rows(self) -> int:
+        return self.prompt_ids.shape[0]
+
+    @property
+    def groups(self) -> int:
+        return self.rows // self.group_size
+
+
+def expand_groups(batch: dict, group_size: int) -> Rollout:
+    """G copies of every prompt row of an RL batch (see module doc); raises if the batch
+    holds no valid prompt."""
+    valid_rows = np.nonzero(np.asarray(batch["row_valid"], bool))[0]
+    if len(valid_rows) == 0:
+        raise ValueError("RL batch holds no valid prompt (every record was dropped)")
+    n = batch["prompt_ids"].shape[0]
+    src = np.array([r if batch["row_valid"][r] else valid_rows[0] for r in range(n)])
+    rows = np.repeat(src, group_size)
+    valid = np.repeat(np.asarray(batch["row_valid"], bool), group_size)
+    pix = _per_row_pixels(batch)
+    grids = np.asarray(batch.get("image_grid_thw", np.zeros((0, 3))), np.int64).reshape(-1, 3)
+    side = lambda key: [batch[key][r] if r < len(batch[key]) else None for r in rows]
+    return Rollout(
+        group_size=group_size, prompt_ids=batch["prompt_ids"][rows], prompt_mask=batch["prompt_mask"][rows],
+        positions=batch["positions"][:, rows], rope_deltas=np.asarray(batch["rope_deltas"])[rows],
+        grids=[grids[r] if r < len(grids) else None for r in rows], pixels=[pix[r] for r in rows],
+        valid=valid, targets=side("reward_targets"), platform=side("platform"),
+        resized_size=side("resized_size"))
+
+
+def vision_arrays(grids: Sequence, pixels: Sequence, model_config: Any, patch_bucket: int, patch_dim: int
+                  ) -> tuple[np.ndarray | None, dict | None]:
+    """(pixel_values [P, D], host vision dict) of the rows' images in row order, P a
+    multiple of ``patch_bucket``; (None, None) without images."""
+    used = [(g, p) for g, p in zip(grids, pixels) if g is not None]
+    if not used:
+        return None, None
+    real = sum(len(p) for _, p in used)
+    P = round_up(real, patch_bucket)
+    pv = np.zeros((P, patch_dim), np.float32)
+    pv[:real] = np.concatenate([p for _, p in used])
+    return pv, prepare_vision_inputs(np.stack([g for g, _ in used]), model_config, num_patches=P)
+
+
+def prompt_inputs(ro: Rollout, model_config: Any, patch_bucket: int) -> dict:
+    """Host arrays :func:`generate.generate` takes for the rollout rows."""
+    dim = next((p.shape[1] for p in ro.pixels if p is not None), 0)
+    pv, vision = vision_arrays(ro.grids, ro.pixels, model_config, patch_bucket, dim)
+    return {"prompt_ids": ro.prompt_ids, "prompt_mask": ro.prompt_mask, "positions": ro.positions,
+            "rope_deltas": ro.rope_deltas, "pixel_values": pv, "vision": vision}
+
+
+def response_buckets(max_new_tokens: int) -> tuple[int, ...]:
+    """Response lengths sequences are trimmed to (few shapes, few compilations)."""
+    return tuple(sorted({max(1, max_new_tokens // 4), max(1, max_new_tokens // 2), max_new_tokens}))
+
+
+def sequence_batch(ro: Rollout, rows: Sequence[int], model_config: Any, patch_bucket: int, pad_id: int,
+                   n_slots: int | None = None) -> dict:
+    """Model inputs of prompt + response for ``rows`` (see module doc): input_ids,
+    segment_ids [R', T], positions [3, R', T], response_mask [R', T], pixel_values,
+    vision (host dict). The response part is trimmed to the smallest of
+    :func:`response_buckets` that holds the longest response (or ``n_slots``)."""
+    if ro.tokens is None:
+        raise ValueError("rollout has no responses yet")
+    rows = np.asarray(rows, np.int64)
+    N = ro.tokens.shape[1]
+    if n_slots is None:
+        longest = int(ro.lengths.max()) if ro.rows else 1
+        n_slots = next(b for b in response_buckets(N) if b >= longest)
+    tok = ro.tokens[rows, :n_slots]
+    on = (np.arange(n_slots)[None] < ro.lengths[rows, None]) & ro.valid[rows, None]
+    Tp = ro.prompt_ids.shape[1]
+    pmask = ro.prompt_mask[rows] > 0
+    seg = np.concatenate([pmask, on], axis=1).astype(np.int32)
+    ids = np.concatenate([ro.prompt_ids[rows], tok], axis=1).astype(np.int32)
+    ids = np.where(seg > 0, ids, pad_id).astype(np.int32)
+    first = pmask.sum(1) + ro.rope_deltas[rows]                          # [R']
+    resp_pos = first[:, None] + np.arange(n_slots)[None]                  # [R', N']
+    positions = np.concatenate([ro.positions[:, rows], np.broadcast_to(resp_pos, (3,) + resp_pos.shape)], axis=2)
+    response_mask = np.zeros_like(seg)
+    response_mask[:, Tp - 1:Tp - 1 + n_slots] = on
+    dim = next((p.shape[1] for p in ro.pixels if p is not None), 0)
+    pv, vision = vision_arrays([ro.grids[r] for r in rows], [ro.pixels[r] for r in rows], model_config,
+                               patch_bucket, dim)
+    return {"input_ids": ids, "segment_ids": seg, "positions": positions.astype(np.int32),
+            "response_mask": response_mask.astype(np.int32), "pixel_values": pv, "vision": vision}
+
+
+# ----------------------------------------------------------------------------- rewards
+@dataclasses.dataclass
+class Scored:
+    """Per-row rewards [R] and per-row parts (dict of [R]); ``success`` [R] bool is the
+    method's pass: GUI-Libra accuracy == 1, UI-MOPD reward == 1."""
+
+    reward: np.ndarray
+    success: np.ndarray
+    parts: dict[str, np.ndarray]
+
+
+def score_responses(texts: Sequence[str], ro: Rollout, method: str, *, coord_space: str = "resized_pixels",
+                    w_fmt: float = 0.1, value_rule: str = "paper", point_tolerance: float = 0.05) -> Scored:
+    """Rewards of decoded responses: ``rewards.guilibra_reward`` (method "grpo") or
+    ``rewards.mopd_reward`` ("mopd"). Invalid rows score 0 and never succeed."""
+    n = len(texts)
+    reward = np.zeros(n, np.float32)
+    success = np.zeros(n, bool)
+    names = ("format", "action_type", "value", "grounding", "accuracy") if method == "grpo" else ()
+    parts = {k: np.zeros(n, np.float32) for k in names}
+    for i, text in enumerate(texts):
+        target = ro.targets[i]
+        if not ro.valid[i] or target is None:
+            continue
+        if method == "grpo":
+            r = R.guilibra_reward(text, target, coord_space=coord_space, resized_size=ro.resized_size[i],
+                                  w_fmt=w_fmt, value_rule=value_rule, point_tolerance=point_tolerance)
+            reward[i], success[i] = r.total, r.accuracy >= 1.0
+            for k in names:
+                parts[k][i] = getattr(r, k)
+        else:
+            reward[i] = R.mopd_reward(text, target)
+            success[i] = reward[i] >= 1.0
+    return Scored(reward, success, parts)
+
+
+def group_view(x: np.ndarray, group_size: int) -> np.ndarray:
+    """[R] -> [R / G, G]."""
+    return np.asarray(x).reshape(-1, group_size)

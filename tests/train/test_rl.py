@@ -1,0 +1,234 @@
+"""Stage-2 pieces against independent references: rollout sequences re-scored equal the
+sampler's own log-probs; identical policy and reference give zero KL and zero KL
+gradient; MOPD routes each sequence to its platform's teacher (checked row by row); the
+adaptive KL mask switches the KL gradient off exactly for groups above tau; GRPO updates
+raise the reward of a bandit."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_collections as mlc
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from guilibra_jax import generate as G
+from guilibra_jax import models as M
+from guilibra_jax import sharding as S
+from guilibra_jax.train import fake_batch as F
+from guilibra_jax.train import rl_loop
+from guilibra_jax.train import rollout as RO
+from guilibra_jax.train.loop import stack_micro_batches
+from guilibra_jax.train.rl_step import make_rl_step
+from guilibra_jax.train.step_core import init_state
+
+GROUP = 2
+PATCH_BUCKET = 64
+
+
+def sharpen(params, seed):
+    """Larger random weights, so that tiny models' distributions depend on their inputs."""
+    leaves, tdef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    return jax.tree.unflatten(tdef, [0.15 * jax.random.normal(k, x.shape) if x.ndim > 1 else x
+                                     for x, k in zip(leaves, keys)])
+
+
+@functools.lru_cache(maxsize=None)
+def tiny():
+    nnx.use_eager_sharding(False)
+    cfg = F.tiny_config("qwen2_5_vl")
+    graphdef, state, _ = nnx.split(M.QwenVL(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    return cfg, graphdef, sharpen(nnx.to_pure_dict(state), 1)
+
+
+def rl_batch(cfg, n_prompts=3, seed=0, platforms=("desktop", "mobile", "desktop")):
+    """An RL batch like collate_rl's: left-padded prompts, each with one image."""
+    rng = np.random.default_rng(seed)
+    vc = cfg.vision
+    grid = (1, 56 // vc.patch_size, 84 // vc.patch_size)
+    n_img = grid[1] * grid[2] // vc.merge_unit
+    prompts = []
+    for i in range(n_prompts):
+        ids = ([cfg.vision_start_token_id] + [cfg.image_token_id] * n_img + [cfg.vision_end_token_id]
+               + rng.integers(0, cfg.text.vocab_size - 8, 3 + 2 * i).tolist())
+        pix = rng.standard_normal((grid[1] * grid[2], vc.patch_dim)).astype(np.float32)
+        prompts.append((ids, np.array([grid]), pix))
+    p = G.prepare_prompts(prompts, cfg, pad_id=0)
+    return {"prompt_ids": p["prompt_ids"], "prompt_mask": p["prompt_mask"], "positions": p["positions"],
+            "rope_deltas": p["rope_deltas"], "pixel_values": p["pixel_values"], "image_grid_thw": p["image_grid_thw"],
+            "row_valid": np.ones(n_prompts, bool), "reward_targets": [None] * n_prompts,
+            "platform": list(platforms[:n_prompts]), "resized_size": [(84, 56)] * n_prompts}
+
+
+def device(host):
+    host = dict(host)
+    vision = host.pop("vision", None)
+    out = {k: jnp.asarray(v) for k, v in host.items() if v is not None}
+    out["vision"] = None if vision is None else jax.tree.map(jnp.asarray, M.vision.device_vision_inputs(vision))
+    out.setdefault("pixel_values", None)
+    return out
+
+
+def sample(cfg, graphdef, params, ro, n_new=5, temperature=1.0, seed=0):
+    inp = device(RO.prompt_inputs(ro, cfg, PATCH_BUCKET))
+    sc = G.SamplingConfig(temperature=temperature, max_new_tokens=n_new, stop_token_ids=(cfg.text.vocab_size - 1,),
+                          banned_token_ids=RO.vision_token_ids(cfg))
+    out = G.generate(graphdef, params, inp["prompt_ids"], inp["prompt_mask"], inp["positions"], inp["rope_deltas"],
+                     inp["pixel_values"], inp["vision"], jax.random.PRNGKey(seed), sc)
+    ro.tokens, ro.lengths = (np.asarray(x) for x in jax.device_get((out.tokens, out.lengths)))
+    return out
+
+
+def score_rows(cfg, graphdef, params, ro, rows, n_slots=None):
+    seq = device(RO.sequence_batch(ro, rows, cfg, PATCH_BUCKET, 0, n_slots))
+    return np.asarray(G.score(graphdef, params, seq["input_ids"], seq["positions"], seq["segment_ids"],
+                              seq["pixel_values"], seq["vision"], seq["response_mask"],
+                              banned_token_ids=RO.vision_token_ids(cfg)))
+
+
+def test_rescored_rollout_equals_the_samplers_log_probs():
+    cfg, graphdef, params = tiny()
+    ro = RO.expand_groups(rl_batch(cfg), GROUP)
+    out = sample(cfg, graphdef, params, ro)
+    assert ro.rows == 3 * GROUP and len(set(map(tuple, ro.tokens))) > 1
+    host = RO.sequence_batch(ro, np.arange(ro.rows), cfg, PATCH_BUCKET, 0)
+    lp = score_rows(cfg, graphdef, params, ro, np.arange(ro.rows))
+    Tp = ro.prompt_ids.shape[1]
+    for r in range(ro.rows):
+        n = ro.lengths[r]
+        assert host["response_mask"][r].sum() == n
+        np.testing.assert_allclose(lp[r, Tp - 1:Tp - 1 + n], np.asarray(out.logprobs)[r, :n], atol=2e-5)
+        assert np.all(lp[r, Tp - 1 + n:] == 0)
+
+
+def update_batch(cfg, graphdef, params, ro, ref_params=None, advantages=None, kl_mask=None):
+    rows = np.arange(ro.rows)
+    host = RO.sequence_batch(ro, rows, cfg, PATCH_BUCKET, 0)
+    old = score_rows(cfg, graphdef, params, ro, rows)
+    ref = old if ref_params is None else score_rows(cfg, graphdef, ref_params, ro, rows)
+    host.update(old_logp=old, ref_logp=ref,
+                advantages=np.zeros(ro.rows, np.float32) if advantages is None else advantages,
+                kl_mask=np.ones(ro.rows, np.float32) if kl_mask is None else kl_mask)
+    return host
+
+
+def run_step(graphdef, params, host, loss, loss_kwargs, lr=1.0):
+    tx = optax.sgd(lr)
+    step = jax.jit(make_rl_step(graphdef, tx, loss=loss, loss_kwargs=loss_kwargs,
+                                banned_token_ids=RO.vision_token_ids(F.tiny_config("qwen2_5_vl"))))
+    state, metrics = step(init_state(params, tx), device(stack_micro_batches([host])) | {
+        "vision": jax.tree.map(lambda x: jnp.asarray(x)[None],
+                               M.vision.device_vision_inputs(host["vision"]))})
+    return state, jax.device_get(metrics)
+
+
+@pytest.mark.parametrize("kind", ["k2", "k3"])
+def test_identical_policy_and_reference_give_zero_kl_and_zero_gradient(kind):
+    cfg, graphdef, params = tiny()
+    ro = RO.expand_groups(rl_batch(cfg), GROUP)
+    sample(cfg, graphdef, params, ro)
+    host = update_batch(cfg, graphdef, params, ro)
+    kw = dict(kl_beta=1.0, kl_kind=kind)
+    _, m = run_step(graphdef, params, host, "grpo", kw)
+    # k1's per-token gradient is ∇log π (zero only in expectation): the scale to compare with.
+    _, m1 = run_step(graphdef, params, host, "grpo", dict(kl_beta=1.0, kl_kind="k1"))
+    assert m1["grad_norm"] > 1e-2
+    # Zero up to the float rounding between the scorer's and the update's log-probs.
+    assert abs(m["kl"]) < 1e-9 and m["grad_norm"] < 1e-4 * m1["grad_norm"], (m, m1)
+    other = update_batch(cfg, graphdef, params, ro, ref_params=sharpen(params, 7))
+    _, m2 = run_step(graphdef, params, other, "grpo", kw)
+    assert m2["kl"] > 1e-3 and m2["grad_norm"] > 1e-3
+
+
+def test_each_sequence_is_scored_by_its_platform_teacher():
+    cfg, graphdef, params = tiny()
+    teachers = {label: rl_loop.Frozen(label, graphdef, sharpen(params, seed), cfg)
+                for label, seed in (("desktop", 11), ("mobile", 12))}
+    ro = RO.expand_groups(rl_batch(cfg), GROUP)
+    sample(cfg, graphdef, params, ro)
+    mesh = S.make_mesh(dict(data=-1, fsdp=1, tensor=1))
+    n_slots = RO.sequence_batch(ro, np.arange(ro.rows), cfg, PATCH_BUCKET, 0)["input_ids"].shape[1] - ro.prompt_ids.shape[1]
+    banned = RO.vision_token_ids(cfg)
+    got = rl_loop._teacher_logp(ro, teachers, n_slots, PATCH_BUCKET, 0, 1.0, None, mesh, 1,
+                                np.zeros((ro.rows, ro.prompt_ids.shape[1] + n_slots), np.float32), banned)
+    for r in range(ro.rows):
+        t = teachers[ro.platform[r]]
+        want = score_rows(cfg, t.graphdef, t.params, ro, [r], n_slots)[0]
+        np.testing.assert_allclose(got[r], want, atol=2e-5, err_msg=f"row {r} ({ro.platform[r]})")
+        wrong = teachers["mobile" if ro.platform[r] == "desktop" else "desktop"]
+        assert np.abs(score_rows(cfg, wrong.graphdef, wrong.params, ro, [r], n_slots)[0] - got[r]).max() > 1e-3
+    with pytest.raises(KeyError, match="no teacher for platform labels"):
+        rl_loop._teacher_logp(ro, {"desktop": teachers["desktop"]}, n_slots, PATCH_BUCKET, 0, 1.0, None, mesh, 1,
+                              np.zeros_like(got), banned)
+    fallback = rl_loop._teacher_logp(ro, {"desktop": teachers["desktop"], "*": teachers["mobile"]}, n_slots,
+                                     PATCH_BUCKET, 0, 1.0, None, mesh, 1, np.zeros_like(got), banned)
+    np.testing.assert_allclose(fallback, got, atol=2e-5)
+
+
+def rl_config(**kw):
+    rl = mlc.ConfigDict(dict(normalize_std=False, sngs=dict(enabled=True, lambda0=0.5, kappa=1.5,
+                                                             signal="mean_reward"),
+                             mopd=dict(kl_mask_tau=0.1, pass_floor=0.01)))
+    rl.update(kw)
+    return rl
+
+
+def test_advantages_sngs_pass_floor_and_kl_mask_by_hand():
+    # GRPO (GUI-Libra rewards in [0, 1]); two groups of 4, advantages r - mean (normalize_std off)
+    rewards = np.array([1.0, 0.0, 0.0, 0.0, 0.1, 0.1, 0.0, 0.1])
+    grpo = rl_loop.advantages(rewards, rewards >= 1.0, 4, "grpo", rl_config())
+    lam0, lam1 = 0.5 + 1.5 * 0.25, 0.5 + 1.5 * 0.075          # min(lambda0 + kappa * mean, 1)
+    np.testing.assert_allclose(grpo["advantages"], [0.75, -0.25 * lam0, -0.25 * lam0, -0.25 * lam0,
+                                                    0.025, 0.025, -0.075 * lam1, 0.025], rtol=1e-5)
+    np.testing.assert_allclose(grpo["lambda"], [lam0] * 4 + [lam1] * 4, rtol=1e-6)
+    assert np.all(grpo["kl_mask"] == 1)
+    # MOPD rewards (1 / -0.5 / -1): group 0 pass rate 0.25 > tau 0.1 -> KL off, advantages
+    # kept; group 1 pass rate 0 < floor 0.01 -> advantages zeroed, KL on.
+    rewards = np.array([1.0, -0.5, -0.5, -0.5, -0.5, -0.5, -1.0, -0.5])
+    mopd = rl_loop.advantages(rewards, rewards >= 1.0, 4, "mopd", rl_config())
+    np.testing.assert_allclose(mopd["advantages"], [1.125, -0.375, -0.375, -0.375, 0, 0, 0, 0])
+    np.testing.assert_array_equal(mopd["kl_mask"], [0, 0, 0, 0, 1, 1, 1, 1])
+
+
+def test_kl_mask_switches_the_kl_gradient_off_exactly_for_masked_groups():
+    cfg, graphdef, params = tiny()
+    ro = RO.expand_groups(rl_batch(cfg), GROUP)
+    sample(cfg, graphdef, params, ro)
+    teacher = sharpen(params, 21)
+    mask = np.repeat(np.array([0.0, 1.0, 0.0], np.float32), GROUP)   # group 1 below tau
+    kw = dict(beta=1.0)
+    base = update_batch(cfg, graphdef, params, ro, ref_params=teacher, kl_mask=mask)
+    new_base, _ = run_step(graphdef, params, base, "mopd", kw)
+    for rows, moves in ((mask == 0, False), (mask == 1, True)):
+        host = dict(base, ref_logp=np.where(rows[:, None], base["ref_logp"] - 0.7, base["ref_logp"]))
+        new, _ = run_step(graphdef, params, host, "mopd", kw)
+        diff = max(float(jnp.abs(a - b).max()) for a, b in
+                   zip(jax.tree.leaves(new["params"]), jax.tree.leaves(new_base["params"])))
+        assert (diff > 1e-6) == moves, (rows, diff)
+
+
+def test_grpo_updates_raise_the_reward_of_a_bandit():
+    """Reward 1 when the first sampled token is in a fixed set of 16 of 248 tokens: a few
+    GRPO steps (rollout, rewards, advantages, scoring, update) must raise the mean reward."""
+    cfg, graphdef, params = tiny()
+    good = set(range(100, 116))
+    batch = rl_batch(cfg, n_prompts=2, platforms=("desktop", "desktop"))
+    rl = rl_config(normalize_std=True)
+    tx = optax.adam(3e-2)
+    step = jax.jit(make_rl_step(graphdef, tx, loss="grpo", loss_kwargs=dict(kl_beta=0.0),
+                                banned_token_ids=RO.vision_token_ids(cfg)))
+    state = init_state(params, tx)
+    means = []
+    for it in range(12):
+        ro = RO.expand_groups(batch, 8)
+        sample(cfg, graphdef, state["params"], ro, n_new=2, seed=it)
+        reward = np.array([float(t in good) for t in ro.tokens[:, 0]], np.float32)
+        means.append(reward.mean())
+        adv = rl_loop.advantages(reward, reward > 0, 8, "grpo", rl)
+        host = update_batch(cfg, graphdef, state["params"], ro, advantages=adv["advantages"])
+        stacked = device(stack_micro_batches([host])) | {
+            "vision": jax.tree.map(lambda x: jnp.asarray(x)[None], M.vision.device_vision_inputs(host["vision"]))}
+        state, _ = step(state, stacked)
+    assert np.mean(means[-3:]) > np.mean(means[:3]) + 0.3, means
