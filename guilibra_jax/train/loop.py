@@ -52,6 +52,51 @@ class _Preemption:
             signal.signal(signal.SIGTERM, self._previous)
 
 
+def optimizer_from_config(config, params, total_steps: int):
+    """(tx, schedule) of ``config.optim`` over ``total_steps`` optimizer updates."""
+    o = config.optim
+    return make_optimizer(params, lr=o.lr, total_steps=total_steps, warmup_steps=o.warmup_steps,
+                          schedule=o.schedule, weight_decay=o.weight_decay, b1=o.b1, b2=o.b2, eps=o.eps,
+                          clip_norm=o.clip_norm, lr_multipliers=dict(o.lr_multipliers), freeze=tuple(o.freeze),
+                          end_lr_fraction=o.end_lr_fraction)
+
+
+def sharded_state(params, tx, param_sh, mesh) -> tuple[dict, dict]:
+    """(train state, its shardings): params from their logical names, optimizer state
+    following params, scalars replicated."""
+    opt_sh = S.opt_state_shardings(tx, params, param_sh, mesh)
+    rep = S.replicated(mesh)
+    state_sh = {"step": rep, "params": param_sh, "opt_state": opt_sh, "skipped": rep}
+    params = jax.device_put(params, param_sh)
+    return jax.jit(lambda p: init_state(p, tx), out_shardings=state_sh)(params), state_sh
+
+
+def eval_and_checkpoint(step: int, state, last_row: dict, tc, evaluator, writer, ckpt, data_state: Callable,
+                        preempted: bool) -> dict:
+    """The end of a step every trainer shares: the periodic eval hook (its row merged into
+    ``last_row``) and the periodic / final / preemption checkpoint."""
+    if evaluator is not None and (step % tc.eval_every == 0 or step == tc.steps):
+        eval_row = evaluator(state["params"], step)
+        writer.write(step, eval_row)
+        last_row = {**last_row, **eval_row}
+    if step % tc.checkpoint_every == 0 or step == tc.steps or preempted:
+        ckpt.save(step, state, data_state(), force=True)
+    return last_row
+
+
+def finish_run(step: int, state, tc, ckpt, progress, writer, graphdef, model_config, tokenizer, workdir: str,
+               is_main: bool = True) -> None:
+    """Wait for checkpoints, export a Hugging Face folder if the run completed, close logs."""
+    ckpt.wait()
+    progress.close()
+    if step >= tc.steps and tc.export and is_main:
+        export_dir = tc.export_dir or os.path.join(workdir, "export")
+        model_factory.export(graphdef, jax.device_get(state["params"]), model_config, tokenizer, export_dir)
+        log.info("exported Hugging Face checkpoint to %s", export_dir)
+    ckpt.close()
+    writer.close()
+
+
 def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict:
     """Run (or resume) the ASFT job described by ``config`` in ``workdir``; returns
     the last logged metrics row."""
@@ -74,20 +119,8 @@ def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict
     del model, pstate
 
     tc = config.train
-    tx, schedule = make_optimizer(
-        params, lr=config.optim.lr, total_steps=tc.steps, warmup_steps=config.optim.warmup_steps,
-        schedule=config.optim.schedule, weight_decay=config.optim.weight_decay, b1=config.optim.b1,
-        b2=config.optim.b2, eps=config.optim.eps, clip_norm=config.optim.clip_norm,
-        lr_multipliers=dict(config.optim.lr_multipliers), freeze=tuple(config.optim.freeze),
-        end_lr_fraction=config.optim.end_lr_fraction)
-
-    # Shardings: params from their logical names, optimizer state following params.
-    opt_sh = S.opt_state_shardings(tx, params, param_sh, mesh)
-    rep = S.replicated(mesh)
-    state_sh = {"step": rep, "params": param_sh, "opt_state": opt_sh, "skipped": rep}
-
-    params = jax.device_put(params, param_sh)
-    state = jax.jit(lambda p: init_state(p, tx), out_shardings=state_sh)(params)
+    tx, schedule = optimizer_from_config(config, params, tc.steps)
+    state, state_sh = sharded_state(params, tx, param_sh, mesh)
     del params
 
     step_fn = make_sft_step(graphdef, tx, alpha_action=config.loss.alpha_action,
@@ -126,22 +159,11 @@ def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict
                 t_last, tokens_since = now, 0.0
                 last_row = writer.write(step, metrics)
                 progress.update(step, last_row)
-            if evaluator is not None and (step % tc.eval_every == 0 or step == tc.steps):
-                eval_row = evaluator(state["params"], step)
-                writer.write(step, eval_row)
-                last_row.update(eval_row)
-            if step % tc.checkpoint_every == 0 or step == tc.steps or preempt.requested:
-                ckpt.save(step, state, data.get_state(), force=True)
+            last_row = eval_and_checkpoint(step, state, last_row, tc, evaluator, writer, ckpt, data.get_state,
+                                           preempt.requested)
             if preempt.requested:
                 break
-    ckpt.wait()
-    progress.close()
-    if step >= tc.steps and tc.export and is_main:
-        export_dir = tc.export_dir or os.path.join(workdir, "export")
-        model_factory.export(graphdef, jax.device_get(state["params"]), model_config, tokenizer, export_dir)
-        log.info("exported Hugging Face checkpoint to %s", export_dir)
-    ckpt.close()
-    writer.close()
+    finish_run(step, state, tc, ckpt, progress, writer, graphdef, model_config, tokenizer, workdir, is_main)
     if hasattr(data, "close"):
         data.close()
     return last_row

@@ -24,20 +24,7 @@ class MetricsWriter:
     def __init__(self, workdir: str, *, enabled: bool = True, tensorboard: bool = True):
         self.enabled = enabled
         self.path = os.path.join(workdir, "metrics.jsonl")
-        self._tb = None
-        if enabled and tensorboard:
-            try:  # optional dependency
-                from tensorboardX import SummaryWriter  # type: ignore
-            except ImportError:
-                try:
-                    from torch.utils.tensorboard import SummaryWriter  # type: ignore
-                except Exception:
-                    SummaryWriter = None
-            if SummaryWriter is not None:
-                try:
-                    self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
-                except Exception:
-                    self._tb = None
+        self._tb = _tensorboard_writer(os.path.join(workdir, "tensorboard")) if enabled and tensorboard else None
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> dict:
         row = {"step": int(step)}
@@ -51,14 +38,41 @@ class MetricsWriter:
             with open(self.path, "a") as f:
                 f.write(json.dumps(row) + "\n")
             if self._tb is not None:
-                for k, v in row.items():
-                    if k != "step" and isinstance(v, (int, float)):
-                        self._tb.add_scalar(k, v, step)
+                self._tb.add_scalars({k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))},
+                                     step)
         return row
 
     def close(self):
         if self._tb is not None:
             self._tb.close()
+
+
+class _EventWriter:
+    """TensorBoard scalars through the ``tensorboard`` package's own event-file writer
+    (no TensorFlow, torch or tensorboardX needed)."""
+
+    def __init__(self, logdir: str):
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        self._event, self._summary = Event, Summary
+        self._writer = EventFileWriter(logdir)
+
+    def add_scalars(self, values: Mapping[str, float], step: int) -> None:
+        summary = self._summary(value=[self._summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()])
+        self._writer.add_event(self._event(wall_time=time.time(), step=int(step), summary=summary))
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def _tensorboard_writer(logdir: str):
+    """A scalar writer when ``tensorboard`` is installed, else None (metrics.jsonl only)."""
+    try:
+        return _EventWriter(logdir)
+    except ImportError:
+        return None
 
 
 class Progress:

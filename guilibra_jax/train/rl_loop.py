@@ -35,11 +35,9 @@ from guilibra_jax.train import checkpoint as C
 from guilibra_jax.train import model_factory
 from guilibra_jax.train import rollout as RO
 from guilibra_jax.train.batching import put_batch, stack_micro_batches
-from guilibra_jax.train.loop import _Preemption
+from guilibra_jax.train.loop import _Preemption, eval_and_checkpoint, finish_run, optimizer_from_config, sharded_state
 from guilibra_jax.train.metrics import MetricsWriter, Progress
-from guilibra_jax.train.optimizer import make_optimizer
 from guilibra_jax.train.rl_step import make_rl_step
-from guilibra_jax.train.step_core import init_state
 
 log = logging.getLogger(__name__)
 
@@ -181,16 +179,7 @@ def train_rl(config, workdir: str) -> dict:
     params = nnx.to_pure_dict(pstate)
     del model, pstate
 
-    updates_per_step = rl.ppo_epochs * rl.minibatches
-    tx, schedule = make_optimizer(
-        params, lr=config.optim.lr, total_steps=tc.steps * updates_per_step, warmup_steps=config.optim.warmup_steps,
-        schedule=config.optim.schedule, weight_decay=config.optim.weight_decay, b1=config.optim.b1,
-        b2=config.optim.b2, eps=config.optim.eps, clip_norm=config.optim.clip_norm,
-        lr_multipliers=dict(config.optim.lr_multipliers), freeze=tuple(config.optim.freeze),
-        end_lr_fraction=config.optim.end_lr_fraction)
-    opt_sh = S.opt_state_shardings(tx, params, param_sh, mesh)
-    rep = S.replicated(mesh)
-    state_sh = {"step": rep, "params": param_sh, "opt_state": opt_sh, "skipped": rep}
+    tx, schedule = optimizer_from_config(config, params, tc.steps * rl.ppo_epochs * rl.minibatches)
     params = jax.device_put(params, param_sh)
 
     # Frozen models: the GRPO reference (default: the starting policy), or MOPD teachers.
@@ -204,8 +193,8 @@ def train_rl(config, workdir: str) -> dict:
             frozen["reference"] = Frozen("reference", graphdef, ref_params, model_config)
     else:
         for label, path in rl.teachers.items():
-            frozen[label] = _load_frozen(f"teacher[{label}]", path, config, mesh)
-    state = jax.jit(lambda p: init_state(p, tx), out_shardings=state_sh)(params)
+            frozen[label] = _load_frozen(f"teacher_{label}", path, config, mesh)
+    state, state_sh = sharded_state(params, tx, param_sh, mesh)
     del params
 
     rows = config.data.batch_size * rl.group_size
@@ -312,22 +301,11 @@ def train_rl(config, workdir: str) -> dict:
             if step % tc.log_every == 0 or step == tc.steps:
                 last_row = writer.write(step, row)
                 progress.update(step, last_row)
-            if evaluator is not None and (step % tc.eval_every == 0 or step == tc.steps):
-                eval_row = evaluator(state["params"], step)
-                writer.write(step, eval_row)
-                last_row.update(eval_row)
-            if step % tc.checkpoint_every == 0 or step == tc.steps or preempt.requested:
-                ckpt.save(step, state, prompts.get_state(), force=True)
+            last_row = eval_and_checkpoint(step, state, last_row, tc, evaluator, writer, ckpt, prompts.get_state,
+                                           preempt.requested)
             if preempt.requested:
                 break
-    ckpt.wait()
-    progress.close()
-    if step >= tc.steps and tc.export:
-        export_dir = tc.export_dir or os.path.join(workdir, "export")
-        model_factory.export(graphdef, jax.device_get(state["params"]), model_config, tokenizer, export_dir)
-        log.info("exported Hugging Face checkpoint to %s", export_dir)
-    ckpt.close()
-    writer.close()
+    finish_run(step, state, tc, ckpt, progress, writer, graphdef, model_config, tokenizer, workdir)
     prompts.close()
     return last_row
 

@@ -84,4 +84,4 @@ def test_mopd_routes_rollouts_to_two_teachers(tmp_path):
         assert {"desktop/reward_mean", "mobile/reward_mean", "kl_mask_on_fraction", "kl"} <= set(row)
         assert -1.0 <= row["reward_mean"] <= 1.0
     plan = json.load(open(os.path.join(student, "memory_plan.json")))
-    assert plan["frozen_desktop"] > 0 and plan["frozen_mobile"] > 0
+    assert plan["frozen_teacher_desktop"] > 0 and plan["frozen_teacher_mobile"] > 0
