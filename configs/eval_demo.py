@@ -13,6 +13,17 @@ list it in ``agents`` and point it at a training workdir (latest checkpoint, or
         --config.agents='("checkpoint",)' --config.agent_kwargs.checkpoint.hf_path=runs/demo/export \
         --config.agent_kwargs.checkpoint.run_config=runs/demo
 
+Several checkpoints of one run: ``agent_kwargs.checkpoint.steps`` is ``all`` (every
+complete checkpoint in the workdir's ``checkpoints/``) or a tuple of steps
+(``...checkpoint.steps='(100,200,300)'``). Each step is its own entry
+``checkpoint@<step>`` (``offline_checkpoint@200.json``, ...), and the report joins them
+in step order; other agents listed stay separate points. The model is built (and
+generate compiled) once; only the parameters change from step to step::
+
+    python -m launch.eval --config=configs/eval_demo.py --workdir=runs/eval_sweep \
+        --config.agents='("expert","checkpoint")' --config.agent_kwargs.checkpoint.workdir=runs/demo \
+        --config.agent_kwargs.checkpoint.steps=all
+
 The model is prompted exactly as in training and scored in its own format and
 coordinate space (from its run config; ``coord_space`` / ``response_format`` below are
 for the built-in agents). The world must look like the training data: screen sizes 0
@@ -48,10 +59,11 @@ def get_config(arg=None):
     c.agent_kwargs = mlc.ConfigDict(dict(
         expert={}, random=dict(seed=0), convention={},
         # used only when "checkpoint" is in agents; set exactly one of workdir / hf_path.
-        # step -1: the latest; run_config: hf_path's training workdir; "" / 0: the run config's
-        checkpoint=dict(workdir="", hf_path="", step=-1, run_config="", max_new_tokens=256, temperature=0.0,
-                        batch_size=8, method="", system_prompt="", min_pixels=0, max_pixels=0, max_length=0,
-                        dtype=""),
+        # step -1: the latest; steps: ("all",) or a tuple of steps, one entry each (workdir only;
+        # () = just `step`); run_config: hf_path's training workdir; "" / 0: the run config's
+        checkpoint=dict(workdir="", hf_path="", step=-1, steps=(), run_config="", max_new_tokens=256,
+                        temperature=0.0, batch_size=8, method="", system_prompt="", min_pixels=0, max_pixels=0,
+                        max_length=0, dtype=""),
     ))
     if arg == "smoke":
         c.data.n_tasks = 8

@@ -3,10 +3,13 @@
     make_agent("checkpoint", workdir="runs/demo")             # latest checkpoint of a training run
     make_agent("checkpoint", workdir="runs/demo", step=200)   # one step of it
     make_agent("checkpoint", hf_path="runs/demo/export", run_config="runs/demo")  # an HF folder
+    for agent in checkpoint_sweep("all", workdir="runs/demo"): ...  # every checkpoint, in step order
 
 ``workdir`` is a folder ``python -m launch.train`` wrote (``config.json``, the tokenizer,
 ``checkpoints/``); the model is built from its run config (``train.model_factory``) and
-its parameters restored from orbax (``train.checkpoint.restore_params``). ``hf_path`` is
+its parameters restored from orbax (``train.checkpoint.restore_params``); a sweep
+(:func:`checkpoint_sweep`, ``steps`` "all" or a tuple) builds the model once and restores
+each step's parameters in turn (``CheckpointAgent.at_step``). ``hf_path`` is
 a folder of ``models.save_hf`` / the trainer's export, tokenizer included; it carries no
 run config, so give ``run_config`` (the workdir it came from) or the settings its run
 changed (``method``, ``system_prompt``, ``min_pixels``, ``max_pixels``).
@@ -27,11 +30,12 @@ size; qwen3_vl: 0..1000). The ``fmt`` / ``coord_space`` / ``resized_size`` keywo
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import logging
 import os
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import jax
 import ml_collections as mlc
@@ -129,21 +133,46 @@ def _tokenizer(config, workdir: str):
     return DS.prepare_tokenizer(config, workdir)
 
 
-def load_checkpoint(workdir: str, step: int | None, config: mlc.ConfigDict):
-    """(tokenizer, model_config, graphdef, params, step) of a training workdir."""
+def _checkpoint_dir(workdir: str) -> str:
     ckpt_dir = os.path.join(workdir, "checkpoints")
     if not os.path.isdir(ckpt_dir):
         raise FileNotFoundError(f"{KEY}.workdir={workdir!r}: no checkpoints folder {ckpt_dir}")
-    if step is not None and not os.path.isdir(os.path.join(ckpt_dir, str(step))):
-        steps = sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit())
-        raise FileNotFoundError(f"{KEY}.step: no checkpoint step {step} in {ckpt_dir} (steps there: {steps})")
+    return ckpt_dir
+
+
+def checkpoint_steps(ckpt_dir: str) -> list[int]:
+    """The steps of the complete checkpoints under ``ckpt_dir``, ascending (orbax's
+    listing, ``Checkpointer.all_steps``: half-written ones are not there)."""
+    ckpt = C.Checkpointer(ckpt_dir, max_to_keep=None, async_save=False)
+    try:
+        return sorted(ckpt.all_steps())
+    finally:
+        ckpt.close()
+
+
+def _need_step(ckpt_dir: str, step: int, key: str = "step") -> None:
+    if step not in (steps := checkpoint_steps(ckpt_dir)):
+        raise FileNotFoundError(f"{KEY}.{key}: no checkpoint step {step} in {ckpt_dir} (complete steps "
+                                f"there: {steps})")
+
+
+def _restore(ckpt_dir: str, abstract_params: Any, step: int | None) -> tuple[int, Any]:
+    """(step, params) of checkpoint ``step`` (None: the latest) of ``ckpt_dir``."""
+    try:
+        return C.restore_params(ckpt_dir, abstract_params, step)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{KEY}.workdir={os.path.dirname(ckpt_dir)!r}: {e}") from None
+
+
+def load_checkpoint(workdir: str, step: int | None, config: mlc.ConfigDict):
+    """(tokenizer, model_config, graphdef, params, step) of a training workdir."""
+    ckpt_dir = _checkpoint_dir(workdir)
+    if step is not None:
+        _need_step(ckpt_dir, step)
     tokenizer = _tokenizer(config, workdir)
     abstract = nnx.eval_shape(lambda: MF.build_model(config, tokenizer)[0])
     graphdef, pstate, _ = nnx.split(abstract, nnx.Param, ...)
-    try:
-        step, params = C.restore_params(ckpt_dir, nnx.to_pure_dict(pstate), step)
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"{KEY}.workdir={workdir!r}: {e}") from None
+    step, params = _restore(ckpt_dir, nnx.to_pure_dict(pstate), step)
     return tokenizer, abstract.config, graphdef, params, step
 
 
@@ -170,13 +199,14 @@ class CheckpointAgent:
 
     def __init__(self, config: mlc.ConfigDict, tokenizer, model_config, graphdef, params, *,
                  max_new_tokens: int = 256, temperature: float = 0.0, batch_size: int = 8, seed: int = 0,
-                 origin: str = ""):
+                 origin: str = "", step: int | None = None, checkpoints: str = ""):
         if batch_size < 1:
             raise ValueError(f"{KEY}.batch_size must be >= 1, got {batch_size}")
         self.config, self.tokenizer, self.model_config = config, tokenizer, model_config
         # committed to one device, so that checkpoints restored or loaded either way share compilations
         self.graphdef, self.params = graphdef, jax.device_put(params, jax.devices()[0])
-        self.batch_size, self.origin = int(batch_size), origin
+        self.batch_size, self.origin, self.seed = int(batch_size), origin, seed
+        self.step, self.checkpoints = step, checkpoints      # checkpoints: the run's folder ("" for hf_path)
         self.method = config.data.method
         self.fmt = METHOD_FORMAT[self.method]
         self.coord_space, self.resized_size = DS._family_coords(model_config, config.data)
@@ -185,6 +215,19 @@ class CheckpointAgent:
         self.sampling = G.SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens,
                                          stop_token_ids=stop, pad_token_id=tokenizer.pad_token_id or 0)
         self._rng = jax.random.key(seed)
+
+    def at_step(self, step: int) -> "CheckpointAgent":
+        """This agent with the parameters of another checkpoint of its run. Everything
+        else (tokenizer, graphdef, sampling, hence generate's compilations) is shared."""
+        if not self.checkpoints:
+            raise ValueError(f"{KEY}: {self.origin} is not a training workdir; it has no checkpoint steps")
+        _need_step(self.checkpoints, step, "steps")
+        step, params = _restore(self.checkpoints, self.params, step)
+        other = copy.copy(self)
+        other.params = jax.device_put(params, jax.devices()[0])
+        other.step, other.origin = step, f"{os.path.dirname(self.checkpoints)} step {step}"
+        other._rng = jax.random.key(self.seed)        # as if made alone at that step
+        return other
 
     def reset(self, env) -> None:
         pass
@@ -234,11 +277,11 @@ class CheckpointAgent:
 
 
 @register_agent("checkpoint")
-def make_checkpoint_agent(workdir: str = "", hf_path: str = "", step: int = -1, *, run_config: str = "",
-                          max_new_tokens: int = 256, temperature: float = 0.0, batch_size: int = 8, seed: int = 0,
-                          method: str = "", system_prompt: str = "", min_pixels: int = 0, max_pixels: int = 0,
-                          max_length: int = 0, dtype: str = "", fmt: Any = None, coord_space: Any = None,
-                          resized_size: Any = None) -> CheckpointAgent:
+def make_checkpoint_agent(workdir: str = "", hf_path: str = "", step: int = -1, *, steps: Any = (),
+                          run_config: str = "", max_new_tokens: int = 256, temperature: float = 0.0,
+                          batch_size: int = 8, seed: int = 0, method: str = "", system_prompt: str = "",
+                          min_pixels: int = 0, max_pixels: int = 0, max_length: int = 0, dtype: str = "",
+                          fmt: Any = None, coord_space: Any = None, resized_size: Any = None) -> CheckpointAgent:
     """The agent of a training ``workdir`` (checkpoint ``step``; -1: the latest) or of a
     Hugging Face folder ``hf_path`` (exactly one). An ``hf_path`` takes its data
     settings from ``run_config`` (the training workdir it was exported from, or its
@@ -246,8 +289,12 @@ def make_checkpoint_agent(workdir: str = "", hf_path: str = "", step: int = -1, 
     ``system_prompt``, ``min_pixels``, ``max_pixels``, ``max_length`` (length filter;
     the prompt bucket unless the run sets ``data.seq_buckets``) and ``dtype`` (compute)
     override the run config's ("" / 0: keep). ``fmt``, ``coord_space`` and
-    ``resized_size`` are ignored (module doc)."""
+    ``resized_size`` are ignored (module doc). ``steps`` (several checkpoints) is
+    :func:`checkpoint_sweep`'s; here it must be empty."""
     del fmt, coord_space, resized_size
+    if steps:
+        raise ValueError(f"{KEY}.steps={steps!r} makes one agent per step: use checkpoint_sweep (eval.run "
+                         "does), or step for one checkpoint")
     if bool(workdir) == bool(hf_path):
         raise ValueError(f"{KEY}: set exactly one of workdir (a training run) and hf_path (a Hugging Face "
                          f"folder); got workdir={workdir!r}, hf_path={hf_path!r}")
@@ -273,4 +320,47 @@ def make_checkpoint_agent(workdir: str = "", hf_path: str = "", step: int = -1, 
     where = f"{workdir} step {step_}" if workdir else hf_path
     log.info("checkpoint agent: %s (%s, method %s)", where, model_config.family, config.data.method)
     return CheckpointAgent(config, tokenizer, model_config, graphdef, params, max_new_tokens=max_new_tokens,
-                           temperature=temperature, batch_size=batch_size, seed=seed, origin=where)
+                           temperature=temperature, batch_size=batch_size, seed=seed, origin=where, step=step_,
+                           checkpoints=os.path.join(workdir, "checkpoints") if workdir else "")
+
+
+# ----------------------------------------------------------------------------- several checkpoints
+
+def sweep_steps(workdir: str, steps: Any) -> list[int]:
+    """The checkpoint steps ``steps`` names, ascending: "all" (or ``("all",)``, as the
+    command line gives it) for every complete checkpoint of ``workdir``, else steps that
+    must all be there."""
+    ckpt_dir = _checkpoint_dir(workdir)
+    available = checkpoint_steps(ckpt_dir)
+    steps = (steps,) if isinstance(steps, (str, int)) else tuple(steps)
+    if steps == ("all",):
+        if not available:
+            raise FileNotFoundError(f"{KEY}.steps='all': no complete checkpoint under {ckpt_dir}")
+        return available
+    if not steps or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps):
+        raise ValueError(f"{KEY}.steps: expected checkpoint steps (ints) or 'all', got {steps!r}")
+    if missing := sorted(set(steps) - set(available)):
+        raise FileNotFoundError(f"{KEY}.steps: no checkpoint step {', '.join(map(str, missing))} in {ckpt_dir} "
+                                f"(complete steps there: {available})")
+    return sorted(set(steps))
+
+
+def checkpoint_sweep(steps: Any, *, workdir: str = "", hf_path: str = "", step: int = -1,
+                     **kw) -> Iterator[CheckpointAgent]:
+    """One agent per checkpoint of a training ``workdir``, in step order (``steps``: see
+    :func:`sweep_steps`; the other keywords are :func:`make_checkpoint_agent`'s). The
+    model is built once; each later step restores only its parameters, when its turn
+    comes, so generate compiles once for the whole sweep. Steps are checked up front."""
+    if hf_path:
+        raise ValueError(f"{KEY}.steps={steps!r}: hf_path={hf_path!r} is one model with no checkpoint steps; "
+                         "sweep a training workdir, or leave steps empty")
+    if step is not None and step >= 0:
+        raise ValueError(f"{KEY}: set step ({step}) or steps ({steps!r}), not both")
+    if not workdir:
+        raise ValueError(f"{KEY}.steps={steps!r}: set workdir, the training run whose checkpoints to sweep")
+    wanted = sweep_steps(workdir, steps)
+    agent = make_checkpoint_agent(workdir=workdir, step=wanted[0], **kw)
+    yield agent
+    for s in wanted[1:]:
+        agent = agent.at_step(s)      # the previous params go once the caller is done with them
+        yield agent

@@ -1,8 +1,13 @@
 """Offline + online evaluation of the configured agents, with a report (launch/eval.py).
 
+Each agent in ``config.agents`` is one entry named for it, except the ``"checkpoint"``
+agent with ``agent_kwargs.checkpoint.steps`` set: one entry ``checkpoint@<step>`` per
+checkpoint of the run, in step order (``model_agent.checkpoint_sweep``: the model is
+built once, only the parameters change), joined as one series in the report.
+
 Writes into the workdir: ``config.json`` (resolved), ``data/`` (when the config asks
-for the world's dataset to be exported), ``offline_<agent>.json`` (full offline
-metrics), ``online_<agent>.json`` (per-episode results), ``trajectories/<agent>/``
+for the world's dataset to be exported), ``offline_<entry>.json`` (full offline
+metrics), ``online_<entry>.json`` (per-episode results), ``trajectories/<entry>/``
 (screenshots and responses per episode), ``report.json`` and ``report.png``.
 """
 
@@ -11,12 +16,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from guilibra_jax import actions as A
 from guilibra_jax.envs.export import export_dataset, load_records
 from guilibra_jax.eval import agents as AG
-from guilibra_jax.eval import model_agent  # noqa: F401  (registers the "checkpoint" agent)
+from guilibra_jax.eval import model_agent  # also registers the "checkpoint" agent
 from guilibra_jax.eval.offline import evaluate_offline
 from guilibra_jax.eval.online import evaluate_online
 from guilibra_jax.eval.report import write_report
@@ -52,7 +57,7 @@ def _dataset(config, workdir: str) -> tuple[list, str]:
     return load_records(path), data_dir
 
 
-def _agent(config, name: str):
+def _agent_kwargs(config, name: str) -> dict[str, Any]:
     """Factories get ``fmt`` and ``coord_space`` (and ``resized_size``, a function of
     the image size, for "resized_pixels") unless agent_kwargs.<name> sets them."""
     kw = dict(config.agent_kwargs.get(name, {}) or {})
@@ -61,7 +66,20 @@ def _agent(config, name: str):
     resize = resized_size_fn(config)
     if resize is not None:
         kw.setdefault("resized_size", resize)
-    return AG.make_agent(name, **kw)
+    return kw
+
+
+def _agents(config) -> Iterator[tuple[str, Any, str | None]]:
+    """(entry name, agent, report series) per entry, in order, each made when its turn
+    comes: a checkpoint sweep is one series of ``checkpoint@<step>`` entries, any other
+    agent one unconnected entry."""
+    for name in config.agents:
+        kw = _agent_kwargs(config, name)
+        if name == "checkpoint" and kw.get("steps"):
+            for agent in model_agent.checkpoint_sweep(**kw):
+                yield f"{name}@{agent.step}", agent, name
+        else:
+            yield name, AG.make_agent(name, **kw), None
 
 
 def _scoring_space(config, agent) -> tuple[str, Callable | None]:
@@ -73,30 +91,36 @@ def _scoring_space(config, agent) -> tuple[str, Callable | None]:
     return config.coord_space, resized_size_fn(config)
 
 
+def _evaluate(config, workdir: str, name: str, agent, records, data_dir: str) -> dict[str, Any]:
+    """Offline and online results of one entry, also written to its files."""
+    space, resize = _scoring_space(config, agent)
+    responses = AG.responses_for_records(agent, records, data_dir)
+    offline = {**evaluate_offline(records, responses, space, resize), "coord_space": space}
+    traj_dir = os.path.join(workdir, "trajectories", name) if config.online.save_trajectories else None
+    online = evaluate_online(agent, tuple(config.platforms), config.online.episodes,
+                             max_steps=config.online.max_steps, seed=config.data.seed,
+                             split_fraction=config.data.split_fraction,
+                             screen_size=_screen_size(config), coord_space=space,
+                             resized_size=resize, out_dir=traj_dir)
+    for kind, obj in (("offline", offline), ("online", online)):
+        with open(os.path.join(workdir, f"{kind}_{name}.json"), "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=1)
+    logging.info("%s: offline step success %.3f, online success %.3f", name,
+                 offline["overall"]["step_success"], online["overall"]["success_rate"])
+    return {"name": name, "offline": offline, "online": online}
+
+
 def run_eval(config, workdir: str) -> dict[str, Any]:
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
         f.write(config.to_json(indent=1))
     records, data_dir = _dataset(config, workdir)
     entries = []
-    for name in config.agents:
-        agent = _agent(config, name)
-        space, resize = _scoring_space(config, agent)
-        responses = AG.responses_for_records(agent, records, data_dir)
-        offline = {**evaluate_offline(records, responses, space, resize), "coord_space": space}
-        traj_dir = os.path.join(workdir, "trajectories", name) if config.online.save_trajectories else None
-        online = evaluate_online(agent, tuple(config.platforms), config.online.episodes,
-                                 max_steps=config.online.max_steps, seed=config.data.seed,
-                                 split_fraction=config.data.split_fraction,
-                                 screen_size=_screen_size(config), coord_space=space,
-                                 resized_size=resize, out_dir=traj_dir)
-        for kind, obj in (("offline", offline), ("online", online)):
-            with open(os.path.join(workdir, f"{kind}_{name}.json"), "w", encoding="utf-8") as f:
-                json.dump(obj, f, indent=1)
-        logging.info("%s: offline step success %.3f, online success %.3f", name,
-                     offline["overall"]["step_success"], online["overall"]["success_rate"])
-        entries.append({"name": name, "offline": offline, "online": online})
-    json_path, png_path = write_report(workdir, entries, connect=False)  # agents, not checkpoints
+    for name, agent, series in _agents(config):
+        entry = _evaluate(config, workdir, name, agent, records, data_dir)
+        entries.append({**entry, "series": series} if series else entry)
+    # checkpoint series joined in step order; the other agents are unrelated points
+    json_path, png_path = write_report(workdir, entries, connect=False)
     return {"report": json_path, "plot": png_path,
             "summary": {e["name"]: {"offline_step_success": e["offline"]["overall"]["step_success"],
                                     "online_success": e["online"]["overall"]["success_rate"]}

@@ -235,6 +235,8 @@ def train_rl(config, workdir: str) -> dict:
     progress = Progress(tc.steps, start, enabled=tc.progress)
     evaluator = (data_source.make_evaluator(config, tokenizer, model_config, graphdef, workdir)
                  if tc.eval_every > 0 and method == "grpo" else None)
+    if evaluator is not None and start == 0:   # the starting (SFT) policy, for comparison
+        writer.write(0, evaluator(state["params"], 0))
     base_key = jax.random.PRNGKey(config.data.seed + 7919 * config.model.seed)
     patch_bucket = config.data.patch_bucket
     last_row: dict = {}

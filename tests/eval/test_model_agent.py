@@ -4,20 +4,16 @@ in its training space, and a bad workdir / folder is named in the error."""
 
 import json
 import os
-import shlex
 import shutil
-import subprocess
-import sys
-import types
 
 import jax
-import jax.numpy as jnp
 import ml_collections as mlc
 import numpy as np
 import pytest
 from flax import nnx
 
-from configs import demo, eval_demo
+from configs import eval_demo
+from eval_fixtures import BATCH, N_NEW, doc_commands, parse_eval_flags, random_params
 from guilibra_jax import actions as A
 from guilibra_jax import generate as G
 from guilibra_jax.data.pipeline import make_rl_loader
@@ -29,51 +25,7 @@ from guilibra_jax.train import checkpoint as C
 from guilibra_jax.train import data_source as DS
 from guilibra_jax.train import model_factory as MF
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BATCH = 4
-N_NEW = 8
 PROMPT_KEYS = ("prompt_ids", "prompt_mask", "positions", "rope_deltas", "image_grid_thw", "row_valid")
-
-
-def random_params(abstract_params, seed=0):
-    """Random weights drawn on the host (no per-shape compiles), larger than the default
-    init: at that init the tiny tied model repeats its last input token, so responses
-    would not depend on the prompt (see tests/test_generate.py)."""
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda x: jnp.asarray(
-        0.15 * rng.standard_normal(x.shape) if len(x.shape) > 1 else 1 + 0.1 * rng.standard_normal(x.shape),
-        x.dtype), abstract_params)
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A training workdir as launch.train leaves it (config.json, the demo tokenizer built
-    by the trainer's own code, an orbax checkpoint at step 3), and its HF export."""
-    root = tmp_path_factory.mktemp("run")
-    workdir = str(root / "workdir")
-    config = demo.get_config("smoke")
-    config.data.synthetic.tasks = 4
-    config.data.synthetic.tokenizer_vocab = 512
-    config.data.batch_size = BATCH
-    config.data.max_length = 1024        # every held-out prompt fits (the smoke tokenizer is wordy)
-    config.model.tiny.update(dict(hidden=64, intermediate=128, vision_hidden=32, vision_intermediate=64,
-                                  vision_heads=2))
-    DS.ensure_synthetic_data(config, workdir)
-    tokenizer = DS.prepare_tokenizer(config, workdir)
-    C.write_json(os.path.join(workdir, "config.json"), config.to_dict())
-    abstract = nnx.eval_shape(lambda: MF.build_model(config, tokenizer)[0])
-    graphdef, pstate, _ = nnx.split(abstract, nnx.Param, ...)
-    model_config = abstract.config
-    params = jax.device_put(random_params(nnx.to_pure_dict(pstate)), jax.devices()[0])  # as restored
-    ckpt = C.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
-    ckpt.save(3, {"step": jnp.asarray(3), "params": params}, {"note": "test"}, force=True)
-    ckpt.close()
-    hf = MF.export(graphdef, params, model_config, tokenizer, str(root / "hf"))
-    test_path = os.path.join(DS.synthetic_dir(workdir), "test.jsonl")
-    return types.SimpleNamespace(workdir=workdir, hf=hf, config=config, tokenizer=tokenizer,
-                                 model_config=model_config, graphdef=graphdef, params=params,
-                                 test_path=test_path, records=load_records(test_path),
-                                 base=os.path.dirname(test_path))
 
 
 @pytest.fixture(scope="module")
@@ -203,22 +155,11 @@ def test_dropped_prompts_answer_empty_and_rows_map_back(run):
     assert short.respond_batch(obs) == alone
 
 
-def _doc_commands():
-    doc = eval_demo.__doc__.replace("\\\n", " ")
-    return [shlex.split(line.strip())[3:] for line in doc.splitlines()
-            if "launch.eval" in line and "checkpoint" in line]
-
-
 def test_eval_demo_documents_working_overrides():
-    commands = _doc_commands()
-    assert len(commands) == 2
-    code = ("import sys, json; from absl import flags; import launch.eval as E; flags.FLAGS(sys.argv); "
-            "c = E._CONFIG.value; print(json.dumps([list(c.agents), c.agent_kwargs.checkpoint.to_dict()]))")
+    commands = doc_commands()
+    assert len(commands) == 3
     for args in commands:
-        out = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True,
-                             timeout=120)
-        assert out.returncode == 0, out.stderr[-2000:]
-        agents, kw = json.loads(out.stdout.strip().splitlines()[-1])
+        agents, kw = parse_eval_flags(args)
         assert "checkpoint" in agents and bool(kw["workdir"]) != bool(kw["hf_path"])
 
 
