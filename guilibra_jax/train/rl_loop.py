@@ -199,7 +199,6 @@ def train_rl(config, workdir: str) -> dict:
 
     rows = config.data.batch_size * rl.group_size
     dcfg = data_source.data_config(config, data_source.train_files(config, workdir))
-    dcfg["seq_buckets"] = (config.data.max_length,)
     prompts = _Prompts(make_rl_loader(dcfg, tokenizer, model_config, shard_index=0, shard_count=1))
     plan = memory_plan(state["params"], list(frozen.values()), rows, config.data.max_length + rl.max_new_tokens,
                        model_config, config.model.param_dtype, config.model.dtype)
@@ -274,7 +273,7 @@ def train_rl(config, workdir: str) -> dict:
                 ref_logp = np.asarray(G.score(f.graphdef, f.params, fseq["input_ids"], fseq["positions"],
                                               fseq["segment_ids"], fseq["pixel_values"], fseq["vision"],
                                               fseq["response_mask"], temperature=rl.temperature, chunk_size=chunk,
-                                          banned_token_ids=banned))
+                                              banned_token_ids=banned))
             else:
                 ref_logp = _teacher_logp(ro, frozen, n_slots, patch_bucket, pad_id, rl.temperature, chunk, mesh, dp,
                                          ref_logp, banned)

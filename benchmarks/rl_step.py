@@ -1,0 +1,162 @@
+"""Where an RL step's time goes: a short GRPO job (guilibra_jax.train.rl_loop.train_rl, in process,
+on a temp workdir) on the bundled synthetic world, split into sampling / scoring / update.
+
+Each metrics row of train_rl carries sample_s (prompt batch, generate, decode, rewards,
+advantages), score_s (old-policy and reference / teacher log-probs), update_s (ppo_epochs x
+minibatches optimizer updates) and step_s. The first step compiles everything and is reported
+apart (first_step_s); the means and fractions are over the later steps. rollout_tokens_per_s =
+mean response length x rows / sample_s (random policies rarely stop, so rows mostly run to
+max_new_tokens). setup_s = wall time outside the steps: synthetic data export, tokenizer, model init,
+the final checkpoint.
+
+Sizes (model.tiny.*; the vocabulary is the synthetic world's tokenizer, data.synthetic.tokenizer_vocab):
+  tiny       the recipe's own (text 128 x 2 layers, vision 64 x 2)
+  medium     text 256 x 4 layers, vision 128 x 2
+  bench100m  benchmarks/_common.py's bench100m shapes (text 512 x 8, vision 384 x 4); with the
+             synthetic 1k vocabulary instead of Qwen's 152k it has ~30M parameters, not ~113M.
+
+  python -m benchmarks.rl_step                                   # tiny, 2 prompts x G=4, 4 steps
+  python -m benchmarks.rl_step --size=medium --prompts=4 --group=8 --max_new_tokens=64 --steps=4
+  python -m benchmarks.rl_step --set rl.minibatches=1 --set model.dtype=bfloat16
+
+Prints one JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from guilibra_jax.train import distributed  # noqa: E402
+
+distributed.apply_gpu_xla_flags()  # before jax initialises its backends, as launch/train.py
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+SIZES = {
+    "tiny": {},
+    "medium": dict(hidden=256, intermediate=768, layers=4, heads=4, kv_heads=2, vision_depth=2, vision_hidden=128,
+                   vision_intermediate=256, vision_heads=4),
+    "bench100m": dict(hidden=512, intermediate=1536, layers=8, heads=8, kv_heads=2, vision_depth=4,
+                      vision_hidden=384, vision_intermediate=1024, vision_heads=6),
+}
+PARTS = ("sample_s", "score_s", "update_s")
+
+
+def load_config(spec: str):
+    """``path.py[:arg]`` -> the module's get_config(arg)."""
+    path, _, arg = spec.partition(":")
+    module_spec = importlib.util.spec_from_file_location("rl_step_recipe", path)
+    if module_spec is None:
+        raise SystemExit(f"--config={spec!r}: {path!r} is not a Python file")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg or None)
+
+
+def override(config, assignment: str) -> None:
+    """Apply ``a.b.c=value`` (value a Python literal, else a string) to the ConfigDict."""
+    key, sep, raw = assignment.partition("=")
+    if not sep:
+        raise SystemExit(f"--set {assignment!r}: expected key=value")
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        value = raw
+    *parents, last = key.split(".")
+    node = config
+    for part in parents:
+        node = node[part]
+    node[last] = value
+
+
+def build_config(args):
+    config = load_config(args.config)
+    config.model.tiny.update(SIZES[args.size])
+    config.data.batch_size = args.prompts
+    config.rl.group_size = args.group
+    config.rl.max_new_tokens = args.max_new_tokens
+    config.model.dtype = args.dtype
+    config.train.update(steps=args.steps, log_every=1, eval_every=0, export=False, progress=False,
+                        tensorboard=False, checkpoint_every=args.steps)
+    for assignment in args.set:
+        override(config, assignment)
+    return config
+
+
+def summarize(rows: list[dict], config) -> dict:
+    """Means over the steps after the first (compiling) one, and each part's fraction of step_s."""
+    steady = rows[1:] or rows
+    mean = lambda k: float(np.mean([r[k] for r in steady]))
+    out = {"first_step_s": round(rows[0]["step_s"], 3), "steps_timed": len(steady), "step_s": round(mean("step_s"), 4),
+           "step_s_each": [round(r["step_s"], 3) for r in steady]}  # a slow one: a recompile, or a busy machine
+    for k in PARTS:
+        out[k] = round(mean(k), 4)
+    for k in PARTS:
+        out[k.replace("_s", "_fraction")] = round(mean(k) / mean("step_s"), 3)
+    n_rows = config.data.batch_size * config.rl.group_size
+    tokens = [r.get("response_length", 0.0) * n_rows for r in steady]
+    out["rollout_tokens_per_s"] = round(float(np.mean([t / r["sample_s"] for t, r in zip(tokens, steady)])), 1)
+    out["response_length"] = round(float(np.mean([r.get("response_length", 0.0) for r in steady])), 2)
+    out["truncated_fraction"] = round(float(np.mean([r.get("truncated_fraction", 0.0) for r in steady])), 3)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="configs/grpo_demo.py:smoke", help="recipe file[:arg]")
+    ap.add_argument("--size", default="tiny", choices=sorted(SIZES), help="model.tiny.* preset")
+    ap.add_argument("--prompts", type=int, default=2, help="data.batch_size: prompts per step")
+    ap.add_argument("--group", type=int, default=4, help="rl.group_size: G rollouts per prompt")
+    ap.add_argument("--max_new_tokens", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=4, help="train.steps, the first (compiling) one included")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="model.dtype (compute)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any other config override")
+    ap.add_argument("--workdir", default="", help="a new folder to keep the run in (default: a temp folder, removed)")
+    args = ap.parse_args()
+    if args.steps < 2:
+        raise SystemExit("--steps must be >= 2: the first step compiles and is not averaged")
+    if args.workdir and os.path.exists(os.path.join(args.workdir, "metrics.jsonl")):
+        raise SystemExit(f"--workdir={args.workdir!r} holds a run already (train_rl would resume it); use a new folder")
+
+    logging.basicConfig(level=logging.WARNING)
+    from guilibra_jax.models import param_count
+    from guilibra_jax.train import config as run_config
+    from guilibra_jax.train import data_source, model_factory
+    from guilibra_jax.train.rl_loop import train_rl
+
+    config = build_config(args)
+    run_config.validate(config)
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = args.workdir or tmp
+        t0 = time.perf_counter()
+        train_rl(config, workdir)
+        wall_s = time.perf_counter() - t0
+        with open(os.path.join(workdir, "metrics.jsonl")) as f:
+            rows = [r for r in map(json.loads, filter(str.strip, f)) if "step_s" in r]
+        tokenizer = data_source.prepare_tokenizer(config, workdir)
+        params = param_count(model_factory.tiny_model_config(config.model.tiny, tokenizer)) \
+            if not config.model.hf_path and config.model.name == "tiny" else None
+    row = {"benchmark": "rl_step", "config": args.config, "size": args.size, "params": params,
+           "method": config.method, "backend": jax.default_backend(), "devices": jax.device_count(),
+           "prompts": config.data.batch_size, "group": config.rl.group_size, "rows": config.data.batch_size *
+           config.rl.group_size, "max_new_tokens": config.rl.max_new_tokens, "minibatches": config.rl.minibatches,
+           "ppo_epochs": config.rl.ppo_epochs, "dtype": config.model.dtype, "steps": len(rows),
+           "wall_s": round(wall_s, 2), "setup_s": round(wall_s - sum(r["step_s"] for r in rows), 2)}
+    row.update(summarize(rows, config))
+    print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
