@@ -7,7 +7,7 @@ from guilibra_jax.train.config import base_config
 def get_config(arg=None):
     c = base_config()
     c.data.synthetic.enabled = True
-    c.data.synthetic.tasks = 240
+    c.data.synthetic.tasks = 480
     # GUI-Libra's own system turn is ~300 tokens of action descriptions; a tiny model
     # trained from scratch for minutes drowns in it (held-out greedy step accuracy 0.0 with
     # it, measured). The short turn keeps the platform and the action names.
@@ -21,10 +21,10 @@ def get_config(arg=None):
     c.optim.lr = 3e-3
     c.optim.warmup_steps = 20
     c.optim.weight_decay = 0.0
-    c.train.steps = 400
+    c.train.steps = 1200
     c.train.log_every = 10
-    c.train.checkpoint_every = 100
-    c.train.eval_every = 400
+    c.train.checkpoint_every = 300
+    c.train.eval_every = 1200
     c.train.eval_samples = 128
     if arg == "smoke":  # a few steps, for tests
         c.data.synthetic.tasks = 12
