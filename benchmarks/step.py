@@ -2,6 +2,9 @@
 
   python -m benchmarks.step [--model=bench100m|tiny|qwen2_5_vl_3b] [--batch=2] [--seq=256] [--image=224]
                             [--steps=5] [--dtype=float32|bfloat16] [--mesh=-1,1,1] [--torch/--no-torch]
+  python -m benchmarks.step --config=configs/guilibra_sft.py:qwen3_vl_8b [--batch=...] [--seq=4096]
+      # a training recipe's model, dtype, remat, layer scan and mesh (no torch side): tokens/s per
+      # device and MFU on whatever accelerators are present (runs unchanged on an H100 / H200)
 
 Both sides run one ASFT step (ASFT below: weighted token NLL, alpha_action=2, alpha_grounding=4,
 per-sample normalisation, as in guilibra_jax.losses.asft_loss) with the same AdamW (OPTIM below:
@@ -155,7 +158,8 @@ def run_jax(args, config: ModelConfig, host: dict, export_dir: str | None) -> di
     cdtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
 
     def build():
-        return QwenVL(config, dtype=cdtype, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
+        return QwenVL(config, dtype=cdtype, param_dtype=jnp.float32, rngs=nnx.Rngs(0), remat=args.remat,
+                      scan_layers=args.scan_layers)
 
     graphdef, abs_state, _ = nnx.split(nnx.eval_shape(build), nnx.Param, ...)
     param_sh = S.param_shardings(abs_state, mesh, log=False)
@@ -313,6 +317,16 @@ def in_process(fn, *args):
         return pool.submit(fn, *args).result()
 
 
+def load_recipe(spec: str):
+    """The ConfigDict of ``configs/X.py[:arg]`` (as ``launch.train --config`` reads it)."""
+    import importlib.util
+    path, _, arg = spec.partition(":")
+    module = importlib.util.spec_from_file_location("recipe", path)
+    mod = importlib.util.module_from_spec(module)
+    module.loader.exec_module(mod)
+    return mod.get_config(arg) if arg else mod.get_config()
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="bench100m", help=f"one of {sorted(BENCH_CONFIGS)} or a named_config")
@@ -323,7 +337,17 @@ def main():
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--mesh", default="-1,1,1", help="data,fsdp,tensor sizes; one may be -1")
     p.add_argument("--torch", dest="torch", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--config", default="", help="a training recipe, configs/X.py[:arg]: its model, dtype, remat, "
+                                                "scan_layers and mesh (overrides --model/--dtype/--mesh)")
     args = p.parse_args()
+    args.remat, args.scan_layers = "none", False
+    if args.config:
+        recipe = load_recipe(args.config)
+        args.model, args.dtype = recipe.model.name, recipe.model.dtype
+        args.remat, args.scan_layers = recipe.model.remat, recipe.model.scan_layers
+        args.mesh = ",".join(str(recipe.mesh[a]) for a in ("data", "fsdp", "tensor"))
+        if args.torch is None:
+            args.torch = False
     if args.steps < 1:
         p.error(f"--steps={args.steps}: need at least 1 timed step")
 
