@@ -3,7 +3,6 @@
     python -m launch.convert --workdir=runs/demo [--step=N] --out=runs/demo/hf
 """
 
-import json
 import logging
 import os
 
@@ -18,19 +17,15 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
     del argv
     import jax
-    import ml_collections as mlc
     from flax import nnx
 
     from guilibra_jax.train import checkpoint as C
+    from guilibra_jax.train import config as run_config
     from guilibra_jax.train import data_source, model_factory
 
     nnx.use_eager_sharding(False)
     workdir = _WORKDIR.value
-    cfg_path = os.path.join(workdir, "config.json")
-    if not os.path.exists(cfg_path):
-        raise FileNotFoundError(f"{cfg_path} not found: is {workdir!r} a training workdir?")
-    with open(cfg_path) as f:
-        config = mlc.ConfigDict(json.load(f))
+    config = run_config.load_run_config(workdir)
     tokenizer = data_source.prepare_tokenizer(config, workdir)
     abstract = nnx.eval_shape(lambda: model_factory.build_model(config, tokenizer)[0])
     graphdef, pstate, _ = nnx.split(abstract, nnx.Param, ...)

@@ -53,7 +53,7 @@ from guilibra_jax.models.vision import device_vision_inputs
 from guilibra_jax.train import checkpoint as C
 from guilibra_jax.train import data_source as DS
 from guilibra_jax.train import model_factory as MF
-from guilibra_jax.train.config import base_config
+from guilibra_jax.train import config as RC
 
 log = logging.getLogger(__name__)
 
@@ -108,22 +108,10 @@ def _need_tokenizer(path: str, key: str) -> None:
 
 def load_run_config(workdir: str, key: str = "workdir") -> mlc.ConfigDict:
     """The run config a training workdir holds (or a config.json path), over the defaults."""
-    path = workdir if workdir.endswith(".json") else os.path.join(workdir, "config.json")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{KEY}.{key}: {path} not found; is {workdir!r} a training workdir "
-                                "(python -m launch.train writes config.json there)?")
-    with open(path) as f:
-        return mlc.ConfigDict(_merged(base_config().to_dict(), json.load(f)))
-
-
-def _merged(defaults: dict, loaded: dict) -> dict:
-    """``loaded`` over ``defaults``, recursively: keys added to the config after the run
-    was written take their defaults."""
-    out = dict(defaults)
-    for k, v in loaded.items():
-        both = isinstance(v, dict) and isinstance(defaults.get(k), dict)
-        out[k] = _merged(defaults[k], v) if both else v
-    return out
+    try:
+        return RC.load_run_config(workdir)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{KEY}.{key}: {e}") from None
 
 
 def _tokenizer(config, workdir: str):
@@ -303,7 +291,7 @@ def make_checkpoint_agent(workdir: str = "", hf_path: str = "", step: int = -1, 
     if workdir or run_config:
         config = load_run_config(workdir or run_config, "workdir" if workdir else "run_config")
     else:
-        config = base_config()
+        config = RC.base_config()
     for key, value in (("data.method", method), ("data.system_prompt", system_prompt),
                        ("data.min_pixels", min_pixels), ("data.max_pixels", max_pixels),
                        ("data.max_length", max_length), ("model.dtype", dtype)):

@@ -3,6 +3,7 @@ anything heavy. Recipes in ``configs/`` call :func:`base_config` and override.""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -80,6 +81,25 @@ def base_config() -> mlc.ConfigDict:
     c.distributed = mlc.ConfigDict(dict(coordinator_address="", num_processes=0, process_id=-1,
                                         local_device_ids=""))
     return c
+
+
+def load_run_config(workdir: str) -> mlc.ConfigDict:
+    """The resolved config a training workdir holds (``config.json``, or that file's path)
+    over today's defaults, so runs written before a key existed still load."""
+    path = workdir if workdir.endswith(".json") else os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} not found: is {workdir!r} a training workdir "
+                                f"(python -m launch.train writes config.json there)?")
+    with open(path) as f:
+        return mlc.ConfigDict(_merged(base_config().to_dict(), json.load(f)))
+
+
+def _merged(defaults: dict, loaded: dict) -> dict:
+    out = dict(defaults)
+    for k, v in loaded.items():
+        both = isinstance(v, dict) and isinstance(defaults.get(k), dict)
+        out[k] = _merged(defaults[k], v) if both else v
+    return out
 
 
 def _fail(key: str, value: Any, expected: str) -> None:

@@ -103,11 +103,8 @@ def load_frozen(path: str, *, dtype: str = "bfloat16", param_dtype: str = "bfloa
     a MOPD teacher, an evaluated checkpoint), from a Hugging Face folder (config.json +
     safetensors) or a training workdir of ours (config.json + tokenizer/ + checkpoints/;
     the latest checkpoint, or ``step``). No optimizer state is kept."""
-    import json
-
-    import ml_collections as mlc
-
     from guilibra_jax.train import checkpoint as C
+    from guilibra_jax.train import config as run_config
 
     if not os.path.isdir(path):
         raise FileNotFoundError(f"model folder {path!r} not found")
@@ -121,8 +118,7 @@ def load_frozen(path: str, *, dtype: str = "bfloat16", param_dtype: str = "bfloa
     if not (os.path.isdir(ckpt_dir) and os.path.exists(os.path.join(path, "config.json"))):
         raise FileNotFoundError(f"{path!r} is neither a Hugging Face folder (config.json + *.safetensors) nor a "
                                 f"training workdir (config.json + checkpoints/)")
-    with open(os.path.join(path, "config.json")) as f:
-        run = mlc.ConfigDict(json.load(f))
+    run = run_config.load_run_config(path)
     tok_dir = run.tokenizer.path or run.model.hf_path or os.path.join(path, "tokenizer")
     tokenizer = load_tokenizer(tok_dir)
     run.model.dtype, run.model.param_dtype = dtype, param_dtype
