@@ -57,7 +57,8 @@ from guilibra_jax.models import ModelConfig, QwenVL
 from guilibra_jax.train.fake_batch import fake_sft_batch
 from guilibra_jax.train.loop import put_batch, stack_micro_batches
 from guilibra_jax.train.optimizer import make_optimizer
-from guilibra_jax.train.sft_step import init_state, make_sft_step
+from guilibra_jax.train.sft_step import make_sft_step
+from guilibra_jax.train.step_core import init_state
 
 NOMINAL_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "B200": 2250e12}  # dense bf16 FLOP/s
 ASFT = dict(alpha_action=2.0, alpha_grounding=4.0, normalize="sample")

@@ -74,7 +74,7 @@ def render_target(record: StepRecord, spec: SampleSpec, resized_size: tuple[int,
         return text, action.point_2d is not None
     call = record.target.tool_call
     if call is None:
-        raise ValueError(f"missing field target.tool_call: method 'mopd' needs a tool-call label")
+        raise ValueError("missing field target.tool_call: method 'mopd' needs a tool-call label")
     thought = record.thought if record.platform == "mobile" else None
     text = A.render_tool_call_response(call, reasoning, record.target.action_description or None, thought)
     return text, True

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import copy
 import io
-import json
 import logging
 import os
 from typing import Any, Iterator, Sequence

@@ -11,10 +11,9 @@ import logging
 import os
 import signal
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -24,7 +23,8 @@ from guilibra_jax.train import model_factory
 from guilibra_jax.train.batching import put_batch, stack_micro_batches  # noqa: F401 (re-exported)
 from guilibra_jax.train.metrics import MetricsWriter, Progress
 from guilibra_jax.train.optimizer import make_optimizer
-from guilibra_jax.train.sft_step import init_state, make_sft_step
+from guilibra_jax.train.sft_step import make_sft_step
+from guilibra_jax.train.step_core import init_state
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import optax
 from flax import nnx
 
 from guilibra_jax import losses
-from guilibra_jax.train.step_core import init_state, make_step  # noqa: F401  (init_state re-exported)
+from guilibra_jax.train.step_core import make_step
 
 PARTS = {"reasoning": 1, "action": 2, "grounding": 3}
 MODEL_INPUTS = ("input_ids", "positions", "segment_ids", "pixel_values", "vision")

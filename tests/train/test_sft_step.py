@@ -99,7 +99,6 @@ def test_weight_decay_skips_biases_and_norms_of_any_rank():
     decide decay, the parameter's role does. With lr > 0 and a zero gradient, AdamW's
     update is exactly -lr * wd * param on decayed leaves and 0 elsewhere."""
     import jax
-    import jax.numpy as jnp
     from flax import nnx
 
     from guilibra_jax import models as M
