@@ -63,7 +63,7 @@ def run_mesh(shape, data, args, cfg, graphdef, pstate):
     from flax import nnx
 
     from guilibra_jax import sharding as S
-    from guilibra_jax.train import optimizer, sft_step
+    from guilibra_jax.train import optimizer, sft_step, step_core
     from guilibra_jax.train.loop import put_batch, stack_micro_batches
 
     devices = jax.devices()[:math.prod(shape)]
@@ -74,7 +74,7 @@ def run_mesh(shape, data, args, cfg, graphdef, pstate):
     opt_sh = S.opt_state_shardings(tx, params, param_sh, mesh)
     rep = S.replicated(mesh)
     state_sh = {"step": rep, "params": param_sh, "opt_state": opt_sh, "skipped": rep}
-    state = jax.jit(lambda p: sft_step.init_state(p, tx), out_shardings=state_sh)(
+    state = jax.jit(lambda p: step_core.init_state(p, tx), out_shardings=state_sh)(
         jax.device_put(params, param_sh))
     step = jax.jit(sft_step.make_sft_step(graphdef, tx), in_shardings=(state_sh, None),
                    out_shardings=(state_sh, None), donate_argnums=0)

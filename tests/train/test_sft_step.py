@@ -8,7 +8,7 @@ from flax import nnx
 
 from guilibra_jax import models as M
 from guilibra_jax.train import fake_batch as F
-from guilibra_jax.train import optimizer, sft_step
+from guilibra_jax.train import optimizer, sft_step, step_core
 from guilibra_jax.train.loop import stack_micro_batches
 
 nnx.use_eager_sharding(False)
@@ -40,8 +40,8 @@ def test_two_micro_batches_give_the_full_batch_update(tiny, normalize):
     full = F.fake_sft_batch(cfg, batch=4, seq_len=32, image_hw=None, seed=3)
     # uneven loss-token counts across the halves make a naive mean of means wrong
     full["loss_segments"][:2, 20:] = 0
-    s_full, m_full = step(sft_step.init_state(params, tx), stack_micro_batches([full]))
-    s_acc, m_acc = step(sft_step.init_state(params, tx), stack_micro_batches(split_rows(full, 2)))
+    s_full, m_full = step(step_core.init_state(params, tx), stack_micro_batches([full]))
+    s_acc, m_acc = step(step_core.init_state(params, tx), stack_micro_batches(split_rows(full, 2)))
     np.testing.assert_allclose(m_acc["loss"], m_full["loss"], rtol=1e-6)
     np.testing.assert_allclose(m_acc["grad_norm"], m_full["grad_norm"], rtol=1e-5)
     for a, b in zip(jax.tree.leaves(s_acc["params"]), jax.tree.leaves(s_full["params"])):
@@ -55,7 +55,7 @@ def test_non_finite_batch_is_skipped_and_counted(tiny):
     batch = F.fake_sft_batch(cfg, batch=2, seq_len=48, image_hw=(56, 56), seed=1)
     poisoned = dict(batch, pixel_values=batch["pixel_values"].copy())
     poisoned["pixel_values"][0, 0] = np.nan
-    state = sft_step.init_state(params, tx)
+    state = step_core.init_state(params, tx)
     state, metrics = step(state, stack_micro_batches([poisoned]))
     assert not np.isfinite(metrics["loss"]) and int(metrics["skipped"]) == 1
     for a, b in zip(jax.tree.leaves(state["params"]), jax.tree.leaves(params)):
@@ -70,7 +70,7 @@ def test_loss_falls_on_a_repeated_batch(tiny):
     tx, _ = optimizer.make_optimizer(params, lr=3e-3, total_steps=30, schedule="constant")
     step = jax.jit(sft_step.make_sft_step(graphdef, tx))
     batch = stack_micro_batches([F.fake_sft_batch(cfg, batch=2, seq_len=48, image_hw=(56, 56))])
-    state = sft_step.init_state(params, tx)
+    state = step_core.init_state(params, tx)
     losses = []
     for _ in range(15):
         state, m = step(state, batch)
@@ -83,7 +83,7 @@ def test_frozen_modules_do_not_move_and_multipliers_scale(tiny):
     tx, _ = optimizer.make_optimizer(params, lr=1e-2, total_steps=10, freeze=("^visual/",),
                                      lr_multipliers={"embed_tokens": 0.0})
     step = jax.jit(sft_step.make_sft_step(graphdef, tx))
-    state, _ = step(sft_step.init_state(params, tx),
+    state, _ = step(step_core.init_state(params, tx),
                     stack_micro_batches([F.fake_sft_batch(cfg, batch=2, seq_len=48, image_hw=(56, 56))]))
     paths = optimizer.param_paths(params)
     moved = jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))), state["params"], params)
