@@ -71,6 +71,20 @@ def sharded_state(params, tx, param_sh, mesh) -> tuple[dict, dict]:
     return jax.jit(lambda p: init_state(p, tx), out_shardings=state_sh)(params), state_sh
 
 
+def open_checkpoints(workdir: str, tc, state, data) -> tuple[C.Checkpointer, int, dict]:
+    """(checkpointer, start step, state): the latest complete checkpoint of ``workdir``
+    restored into ``state``'s shardings and ``data``'s iterator, or step 0 as given."""
+    ckpt = C.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=tc.keep_checkpoints,
+                          async_save=tc.async_checkpoints)
+    start = 0
+    if ckpt.latest_step() is not None:
+        start, state, data_state = ckpt.restore(state)
+        if data_state is not None:
+            data.set_state(data_state)
+        log.info("resumed from step %d", start)
+    return ckpt, start, state
+
+
 def eval_and_checkpoint(step: int, state, last_row: dict, tc, evaluator, writer, ckpt, data_state: Callable,
                         preempted: bool) -> dict:
     """The end of a step every trainer shares: the periodic eval hook (its row merged into
@@ -130,14 +144,7 @@ def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict
 
     data = (data_factory or data_source.make_train_data)(config, tokenizer, model_config,
                                                          jax.process_index(), jax.process_count(), workdir)
-    ckpt = C.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=tc.keep_checkpoints,
-                          async_save=tc.async_checkpoints)
-    start = 0
-    if ckpt.latest_step() is not None:
-        start, state, data_state = ckpt.restore(state)
-        if data_state is not None:
-            data.set_state(data_state)
-        log.info("resumed from step %d", start)
+    ckpt, start, state = open_checkpoints(workdir, tc, state, data)
 
     writer = MetricsWriter(workdir, enabled=is_main, tensorboard=tc.tensorboard)
     progress = Progress(tc.steps, start, enabled=is_main and tc.progress)

@@ -35,7 +35,8 @@ from guilibra_jax.train import checkpoint as C
 from guilibra_jax.train import model_factory
 from guilibra_jax.train import rollout as RO
 from guilibra_jax.train.batching import put_batch, stack_micro_batches
-from guilibra_jax.train.loop import _Preemption, eval_and_checkpoint, finish_run, optimizer_from_config, sharded_state
+from guilibra_jax.train.loop import (_Preemption, eval_and_checkpoint, finish_run, open_checkpoints,
+                                     optimizer_from_config, sharded_state)
 from guilibra_jax.train.metrics import MetricsWriter, Progress
 from guilibra_jax.train.rl_step import make_rl_step
 
@@ -222,14 +223,7 @@ def train_rl(config, workdir: str) -> dict:
     jit_update = jax.jit(step_fn, in_shardings=(state_sh, None), out_shardings=(state_sh, None), donate_argnums=0)
     dp = int(np.prod([mesh.shape[a] for a in ("data", "fsdp") if a in mesh.shape]))
 
-    ckpt = C.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=tc.keep_checkpoints,
-                          async_save=tc.async_checkpoints)
-    start = 0
-    if ckpt.latest_step() is not None:
-        start, state, data_state = ckpt.restore(state)
-        if data_state is not None:
-            prompts.set_state(data_state)
-        log.info("resumed from step %d", start)
+    ckpt, start, state = open_checkpoints(workdir, tc, state, prompts)
     writer = MetricsWriter(workdir, tensorboard=tc.tensorboard)
     progress = Progress(tc.steps, start, enabled=tc.progress)
     evaluator = (data_source.make_evaluator(config, tokenizer, model_config, graphdef, workdir)
