@@ -10,8 +10,10 @@ distributed.apply_gpu_xla_flags()  # before jax initialises its backends
 
 import logging  # noqa: E402
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from launch import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Recipe file: configs/X.py[:arg].", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder (metrics, checkpoints, export).")
@@ -36,4 +38,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -9,6 +9,8 @@ from typing import Any
 
 import ml_collections as mlc
 
+from guilibra_jax.errors import ConfigError
+
 FAMILIES = ("qwen2_5_vl", "qwen3_vl")
 REMATS = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable")
 
@@ -103,7 +105,7 @@ def _merged(defaults: dict, loaded: dict) -> dict:
 
 
 def _fail(key: str, value: Any, expected: str) -> None:
-    raise ValueError(f"config key {key} = {value!r} is invalid: expected {expected}")
+    raise ConfigError(f"config key {key} = {value!r} is invalid: expected {expected}")
 
 
 def validate(c: mlc.ConfigDict) -> None:
