@@ -69,8 +69,17 @@ def base_config() -> mlc.ConfigDict:
         reference="",        # GRPO: frozen reference (HF folder or training workdir); "" = start policy
         sngs=dict(enabled=True, lambda0=0.5, kappa=1.5, signal="mean_reward"),  # or success_rate
         reward=dict(w_fmt=0.1, value_rule="paper", point_tolerance=0.05),
-        teachers={},         # MOPD: platform label -> HF folder or training workdir ("*": any other)
-        mopd=dict(beta=0.01, kl_mask_tau=0.1, pass_floor=0.01),
+        teachers={},         # MOPD: platform label -> HF folder, training workdir or random:<seed> ("*": any other)
+        teacher_model_name="",  # architecture of unset teachers for launch.plan (a named size); "" = the policy's
+        # MOPD's adaptive KL mask and pass-rate floor: off (the UI-MOPD release script) | paper (the
+        # paper's method) | release (the release's off-by-default use_kl_loss_mask path); see train/advantages.py
+        mopd=dict(beta=0.01, kl_mask_tau=0.1, pass_floor=0.01, kl_mask="paper"),
+        update_groups=0,     # groups (prompts) per update over all processes; 0 = every prompt of the round
+        # DAPO-style dynamic sampling (UI-MOPD release: on): drop groups whose pass rate is 0 or 1 and
+        # sample more rounds of data.batch_size prompts until update_groups groups are kept; at most
+        # max_rounds rounds (0 = no limit, the release), then the update is completed with dropped groups
+        # that carry no loss (logged as group_filter/short_groups)
+        group_filter=dict(enabled=False, max_rounds=10),
         score_chunk=0,       # vocabulary projection over T-chunks of this size when scoring (0 = off)
     ))
     c.mesh = mlc.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
@@ -79,6 +88,8 @@ def base_config() -> mlc.ConfigDict:
         async_checkpoints=True, eval_every=0, eval_samples=64, eval_max_new_tokens=96,
         export=True, export_dir="",  # Hugging Face export at the end; "" = workdir/export
         tensorboard=True, progress=True,
+        max_skipped_updates=10,  # stop after this many consecutive non-finite updates (0 = never)
+        memory_plan=True,    # compile the run's programs ahead of time and write memory_plan.json
     ))
     c.distributed = mlc.ConfigDict(dict(coordinator_address="", num_processes=0, process_id=-1,
                                         local_device_ids=""))
@@ -108,12 +119,13 @@ def _fail(key: str, value: Any, expected: str) -> None:
     raise ConfigError(f"config key {key} = {value!r} is invalid: expected {expected}")
 
 
-def validate(c: mlc.ConfigDict) -> None:
-    """Check values before anything heavy starts; errors name the key."""
+def validate(c: mlc.ConfigDict, *, planning: bool = False) -> None:
+    """Check values before anything heavy starts; errors name the key. ``planning``
+    (launch.plan): data files and frozen-model folders may still be unset."""
     if c.method not in METHODS:
         _fail("method", c.method, f"one of {METHODS}")
     if c.method != "sft":
-        _validate_rl(c)
+        _validate_rl(c, planning)
     m = c.model
     if m.hf_path and not os.path.isdir(m.hf_path):
         _fail("model.hf_path", m.hf_path, "an existing local Hugging Face folder")
@@ -136,7 +148,7 @@ def validate(c: mlc.ConfigDict) -> None:
             p = -1.0
         if not 0.0 <= p <= 1.0:
             _fail("data.mix", d.mix, "both, reasoning, direct or a probability such as '0.5'")
-    if not d.synthetic.enabled and not d.train_files:
+    if not d.synthetic.enabled and not d.train_files and not planning:
         _fail("data.train_files", d.train_files, "at least one file (or data.synthetic.enabled=True)")
     for key in ("max_length", "batch_size"):
         if d[key] <= 0:
@@ -153,12 +165,21 @@ def validate(c: mlc.ConfigDict) -> None:
     for key in ("steps", "grad_accum", "log_every", "checkpoint_every", "keep_checkpoints"):
         if t[key] <= 0:
             _fail(f"train.{key}", t[key], "a positive integer")
+    if t.max_skipped_updates < 0:
+        _fail("train.max_skipped_updates", t.max_skipped_updates, ">= 0 (0 = never stop)")
     for axis in ("data", "fsdp", "tensor"):
         if c.mesh[axis] == 0 or c.mesh[axis] < -1:
             _fail(f"mesh.{axis}", c.mesh[axis], "a positive size or -1")
 
 
-def _validate_rl(c: mlc.ConfigDict) -> None:
+def _frozen_spec_ok(spec: str) -> bool:
+    """An existing folder or random:<integer seed> (frozen models of stage 2)."""
+    if spec.startswith("random:"):
+        return spec[len("random:"):].lstrip("-").isdigit()
+    return os.path.isdir(spec)
+
+
+def _validate_rl(c: mlc.ConfigDict, planning: bool = False) -> None:
     r = c.rl
     for key in ("group_size", "max_new_tokens", "ppo_epochs", "minibatches"):
         if r[key] <= 0:
@@ -171,10 +192,17 @@ def _validate_rl(c: mlc.ConfigDict) -> None:
         _fail("rl.top_p", r.top_p, "in (0, 1]")
     if r.aggregation not in AGGREGATIONS:
         _fail("rl.aggregation", r.aggregation, f"one of {AGGREGATIONS}")
-    rows = c.data.batch_size * r.group_size
+    if r.update_groups < 0:
+        _fail("rl.update_groups", r.update_groups, ">= 0 (0 = every prompt of a round)")
+    if r.update_groups and not r.group_filter.enabled and r.update_groups != c.data.batch_size:
+        _fail("rl.update_groups", r.update_groups, f"0 or data.batch_size = {c.data.batch_size} without "
+              f"rl.group_filter (each step updates on the groups of one round)")
+    if r.group_filter.max_rounds < 0:
+        _fail("rl.group_filter.max_rounds", r.group_filter.max_rounds, ">= 0 (0 = no limit)")
+    rows = (r.update_groups or c.data.batch_size) * r.group_size
     if rows % (r.minibatches * c.train.grad_accum):
-        _fail("rl.minibatches", r.minibatches, f"a divisor of data.batch_size * rl.group_size = {rows} "
-              f"together with train.grad_accum = {c.train.grad_accum}")
+        _fail("rl.minibatches", r.minibatches, f"a divisor of (rl.update_groups or data.batch_size) * "
+              f"rl.group_size = {rows} together with train.grad_accum = {c.train.grad_accum}")
     if c.method == "grpo":
         if r.kl_kind not in KL_KINDS:
             _fail("rl.kl_kind", r.kl_kind, f"one of {KL_KINDS}")
@@ -182,15 +210,22 @@ def _validate_rl(c: mlc.ConfigDict) -> None:
             _fail("rl.kl_beta", r.kl_beta, ">= 0 (the conservative recipe uses > 0)")
         if r.sngs.signal not in ("mean_reward", "success_rate"):
             _fail("rl.sngs.signal", r.sngs.signal, "mean_reward or success_rate")
-        if r.reference and not os.path.isdir(r.reference):
-            _fail("rl.reference", r.reference, "an existing HF folder or training workdir")
+        if r.reference and not _frozen_spec_ok(r.reference):
+            _fail("rl.reference", r.reference, "an existing HF folder, training workdir or random:<seed>")
         if c.data.method != "guilibra":
             _fail("data.method", c.data.method, "guilibra for method=grpo (GUI-Libra rewards)")
     if c.method == "mopd":
         if not r.teachers:
             _fail("rl.teachers", dict(r.teachers), "a mapping platform label -> teacher folder")
         for label, path in r.teachers.items():
-            if not os.path.isdir(path):
-                _fail(f"rl.teachers.{label}", path, "an existing HF folder or training workdir")
+            if not _frozen_spec_ok(path) and not (planning and not path):
+                _fail(f"rl.teachers.{label}", path, "an existing HF folder, training workdir or random:<seed>")
+        if r.mopd.kl_mask not in ("off", "paper", "release"):
+            _fail("rl.mopd.kl_mask", r.mopd.kl_mask, "off (release script), paper or release")
+        platforms = tuple(c.data.synthetic.platforms) if c.data.synthetic.enabled else ()
+        missing = [p for p in platforms if p not in r.teachers and "*" not in r.teachers]
+        if missing:
+            _fail("rl.teachers", dict(r.teachers), f"a teacher for every platform of the data (missing {missing}; "
+                  f"'*' is a default teacher)")
         if c.data.method != "mopd":
             _fail("data.method", c.data.method, "mopd for method=mopd (tool-call rewards)")
