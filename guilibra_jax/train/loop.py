@@ -105,7 +105,9 @@ def finish_run(step: int, state, tc, ckpt, progress, writer, graphdef, model_con
     progress.close()
     if step >= tc.steps and tc.export and is_main:
         export_dir = tc.export_dir or os.path.join(workdir, "export")
-        model_factory.export(graphdef, jax.device_get(state["params"]), model_config, tokenizer, export_dir)
+        from guilibra_jax.train import config as run_config
+        model_factory.export(graphdef, jax.device_get(state["params"]), model_config, tokenizer, export_dir,
+                             config=run_config.load_run_config(workdir))
         log.info("exported Hugging Face checkpoint to %s", export_dir)
     ckpt.close()
     writer.close()

@@ -88,8 +88,14 @@ def load_tokenizer(path: str):
     return AutoTokenizer.from_pretrained(path)
 
 
-def export(graphdef, params, model_config: M.ModelConfig, tokenizer, path: str) -> str:
-    """Write params as a Hugging Face folder (config, safetensors, tokenizer)."""
+def export(graphdef, params, model_config: M.ModelConfig, tokenizer, path: str, config: Any = None) -> str:
+    """Write params as a Hugging Face folder. With the run ``config``: the complete
+    export of :func:`guilibra_jax.train.export.export_model` (tokenizer, chat template,
+    preprocessor and generation configs with the run's pixels and stop ids); without
+    it, only config.json, safetensors and the tokenizer."""
+    if config is not None:
+        from guilibra_jax.train.export import export_model
+        return export_model(graphdef, params, model_config, tokenizer, path, config)
     model = nnx.merge(graphdef, params)
     M.save_hf(model, model_config, path)
     if tokenizer is not None:
@@ -124,7 +130,7 @@ def load_frozen(path: str, *, dtype: str = "bfloat16", param_dtype: str = "bfloa
     run.model.dtype, run.model.param_dtype = dtype, param_dtype
     model, model_config = build_model(run, tokenizer)
     graphdef, pstate, _ = nnx.split(model, nnx.Param, ...)
-    _, params = C.restore_params(ckpt_dir, nnx.to_pure_dict(pstate), step)
+    _, params = C.restore_params_only(ckpt_dir, nnx.to_pure_dict(pstate), step)
     cast = dtype_of(param_dtype, "param_dtype")
     params = jax.tree.map(lambda x: jnp.asarray(x, cast), params)
     return graphdef, params, model_config
