@@ -260,3 +260,21 @@ def test_transformers_generate_on_the_export_reproduces_our_greedy_response(unin
     stop = set(hf.generation_config.eos_token_id)
     theirs = theirs[:next((i + 1 for i, t in enumerate(theirs) if t in stop), len(theirs))]
     assert theirs == ours, (agent.decode(theirs), agent.decode(ours))
+
+
+def test_convert_step_exports_that_checkpoint_and_a_missing_step_is_one_line(uninterrupted, tmp_path):
+    from safetensors.numpy import load_file
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    steps = sorted(int(d) for d in os.listdir(os.path.join(uninterrupted, "checkpoints")) if d.isdigit())
+    assert steps[-1] == 6 and len(steps) >= 2
+    cmd = [sys.executable, "-m", "launch.convert", f"--workdir={uninterrupted}"]
+    res = subprocess.run(cmd + [f"--step={steps[0]}", f"--out={tmp_path / 'early'}"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    early = load_file(os.path.join(tmp_path, "early", "model.safetensors"))
+    final = load_file(os.path.join(uninterrupted, "export", "model.safetensors"))
+    assert any(not np.array_equal(early[k], final[k]) for k in final)
+    assert os.path.exists(os.path.join(tmp_path, "early", "preprocessor_config.json"))
+    bad = subprocess.run(cmd + ["--step=5"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "--step=5" in bad.stderr and str(steps) in bad.stderr
