@@ -37,7 +37,7 @@ from guilibra_jax.train import rollout as RO
 from guilibra_jax.train.batching import put_batch, stack_micro_batches
 from guilibra_jax.train.loop import (_Preemption, eval_and_checkpoint, finish_run, open_checkpoints,
                                      optimizer_from_config, sharded_state)
-from guilibra_jax.train.metrics import MetricsWriter, Progress
+from guilibra_jax.train.metrics import Progress, writer_for_run
 from guilibra_jax.train.rl_step import make_rl_step
 
 log = logging.getLogger(__name__)
@@ -224,7 +224,7 @@ def train_rl(config, workdir: str) -> dict:
     dp = int(np.prod([mesh.shape[a] for a in ("data", "fsdp") if a in mesh.shape]))
 
     ckpt, start, state = open_checkpoints(workdir, tc, state, prompts)
-    writer = MetricsWriter(workdir, tensorboard=tc.tensorboard)
+    writer = writer_for_run(config, workdir)
     progress = Progress(tc.steps, start, enabled=tc.progress)
     evaluator = (data_source.make_evaluator(config, tokenizer, model_config, graphdef, workdir)
                  if tc.eval_every > 0 and method == "grpo" else None)
