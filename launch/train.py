@@ -2,22 +2,46 @@
 
 ``method`` in the config picks the trainer: sft (ASFT), grpo or mopd (stage 2).
 Re-running the same command resumes from the latest complete checkpoint in DIR.
+``model.hf_path`` (and teachers, references) may be a Hugging Face Hub id.
 """
 
 from guilibra_jax.train import distributed
 
 distributed.apply_gpu_xla_flags()  # before jax initialises its backends
 
+import importlib.util  # noqa: E402
+import json  # noqa: E402
 import logging  # noqa: E402
 
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from launch import cli  # noqa: E402
+from launch import cli, recipes  # noqa: E402
+
+__doc__ += recipes.help_text()   # --help lists the recipes in configs/
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Recipe file: configs/X.py[:arg].", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder (metrics, checkpoints, export).")
-flags.mark_flags_as_required(["config", "workdir"])
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Same as --config.print_only=True: print the resolved, validated "
+                             "config (and the memory plan) and exit.")
+flags.mark_flags_as_required(["config"])
+
+
+def plan_summary(config) -> str | None:
+    """The memory plan of ``config`` from ``launch.plan`` (issue #11) when that module
+    exists; None until then. This is the hook ``--dry_run`` prints."""
+    if importlib.util.find_spec("launch.plan") is None:
+        return None
+    from launch import plan
+    return plan.summary(config)
+
+
+def print_resolved(config) -> None:
+    """What --config.print_only / --dry_run prints: the config as the run would use it."""
+    print(json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str))
+    summary = plan_summary(config)
+    if summary:
+        print(summary)
 
 
 def main(argv):
@@ -25,11 +49,20 @@ def main(argv):
     logging.getLogger().setLevel(logging.INFO)
     for noisy in ("absl", "orbax", "jax", "grain"):  # library chatter: warnings only
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from guilibra_jax.errors import UserError
     from guilibra_jax.train import config as run_config
-    from guilibra_jax.train import loop, rl_loop
+    from guilibra_jax.train import hub
 
     config = _CONFIG.value
+    hub.resolve_run_paths(config)
     run_config.validate(config)
+    if config.print_only or _DRY_RUN.value:
+        print_resolved(config)
+        return
+    if not _WORKDIR.value:
+        raise UserError("--workdir is required (the run folder: metrics, checkpoints, export)")
+    from guilibra_jax.train import compilation_cache, loop, rl_loop
+    compilation_cache.enable(config.train.compilation_cache_dir, _WORKDIR.value)
     d = config.distributed
     distributed.initialize(d.coordinator_address, d.num_processes, d.process_id, d.local_device_ids)
     run = loop.train if config.method == "sft" else rl_loop.train_rl

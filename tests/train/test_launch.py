@@ -16,9 +16,11 @@ SMOKE = ["--config=configs/demo.py:smoke", "--config.data.synthetic.tasks=8", "-
          "--config.train.checkpoint_every=2", "--config.train.async_checkpoints=False"]
 
 
-def launch(workdir, *extra, wait=True):
+def launch(workdir, *extra, wait=True, env=None):
     cmd = [sys.executable, "-m", "launch.train", f"--workdir={workdir}", *SMOKE, *extra]
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    # every program into the persistent compilation cache, however fast it compiled
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+           **(env or {})}
     if not wait:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -51,7 +53,7 @@ def wait_for_step(workdir, step, proc, timeout=600):
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("full"))
-    out = launch(workdir)
+    out = launch(workdir, "--config.train.profile_steps=(2,4)")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return workdir
 
@@ -64,8 +66,10 @@ def test_kill_9_then_rerun_matches_uninterrupted(uninterrupted, tmp_path):
     proc.wait()
     steps_done = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
     assert steps_done and max(steps_done) < 6
-    out = launch(workdir)  # the same command resumes
+    assert os.listdir(os.path.join(workdir, "compilation_cache"))
+    out = launch(workdir, env={"JAX_LOG_COMPILES": "1"})  # the same command resumes
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "Persistent compilation cache hit" in out.stderr    # programs come from the killed run's cache
     ref, resumed = losses(uninterrupted), losses(workdir)
     assert sorted(ref) == list(range(1, 7))
     for step in range(max(steps_done) + 1, 7):
@@ -82,6 +86,17 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     saved = [int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
     assert saved and 2 <= max(saved) < 1000  # saved at the step it stopped, not at a scheduled one
     assert not os.path.exists(os.path.join(workdir, "export"))  # an unfinished run is not exported
+
+
+def test_a_finished_run_leaves_its_profile_trace_curves_and_compilation_cache(uninterrupted):
+    from PIL import Image
+    traces = [n for _, _, names in os.walk(os.path.join(uninterrupted, "profile")) for n in names]
+    assert any(n.endswith(".xplane.pb") for n in traces), traces
+    assert Image.open(os.path.join(uninterrupted, "curves.png")).size == (840, 300)
+    assert os.listdir(os.path.join(uninterrupted, "compilation_cache"))
+    with open(os.path.join(uninterrupted, "export", "preprocessor_config.json")) as f:
+        pre = json.load(f)
+    assert (pre["min_pixels"], pre["max_pixels"]) == (56 * 56, 112 * 112)      # configs/demo.py
 
 
 def test_unknown_config_key_is_named(tmp_path):
