@@ -172,13 +172,14 @@ def write_serving_files(out: str, config: Any, tokenizer, family: str, *, source
     folder the run started from, whose files are copied first. Returns the pixel
     budgets written."""
     os.makedirs(out, exist_ok=True)
+    for f in TOKENIZER_FILES + PROCESSOR_FILES + (RUN_CONFIG_FILE,):   # nothing stale from an earlier export
+        if os.path.exists(os.path.join(out, f)):
+            os.remove(os.path.join(out, f))
     tok_dir = config.tokenizer.path or source_dir
-    copied = []
     if tok_dir and os.path.exists(os.path.join(tok_dir, "tokenizer.json")):
         for f in TOKENIZER_FILES:
             if os.path.exists(os.path.join(tok_dir, f)):
                 shutil.copy(os.path.join(tok_dir, f), os.path.join(out, f))
-                copied.append(f)
     else:
         tokenizer.save_pretrained(out)
     if source_dir:
@@ -193,9 +194,6 @@ def write_serving_files(out: str, config: Any, tokenizer, family: str, *, source
     bounds = serving_bounds(budgets)
     pre = os.path.join(out, "preprocessor_config.json")
     _write_json(pre, preprocessor_config(family, bounds, _read_json(pre), model_config))
-    video = os.path.join(out, "video_preprocessor_config.json")
-    if os.path.exists(video):   # the same bounds for frames (Qwen's video processor reads its own file)
-        _write_json(video, preprocessor_config(family, bounds, _read_json(video), model_config))
     gen = os.path.join(out, "generation_config.json")
     _write_json(gen, generation_config(config, tokenizer, _read_json(gen)))
     _write_json(os.path.join(out, RUN_CONFIG_FILE), config.to_dict() if hasattr(config, "to_dict") else dict(config))
