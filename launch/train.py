@@ -9,7 +9,6 @@ from guilibra_jax.train import distributed
 
 distributed.apply_gpu_xla_flags()  # before jax initialises its backends
 
-import importlib.util  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 
@@ -28,12 +27,16 @@ flags.mark_flags_as_required(["config"])
 
 
 def plan_summary(config) -> str | None:
-    """The memory plan of ``config`` from ``launch.plan`` (issue #11) when that module
-    exists; None until then. This is the hook ``--dry_run`` prints."""
-    if importlib.util.find_spec("launch.plan") is None:
+    """Hook for the memory plan (issue #11) that --dry_run prints after the config:
+    ``guilibra_jax.train.plan.dry_run_summary(config) -> str`` when the planner provides
+    it, else None. (``launch.plan`` is itself a launcher with its own flags, so it is not
+    imported here; the planner's library function is.)"""
+    try:
+        from guilibra_jax.train import plan
+    except ImportError:
         return None
-    from launch import plan
-    return plan.summary(config)
+    summary = getattr(plan, "dry_run_summary", None)
+    return summary(config) if summary is not None else None
 
 
 def print_resolved(config) -> None:
