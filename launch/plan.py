@@ -31,7 +31,6 @@ _early_devices(sys.argv)
 
 import json  # noqa: E402
 import logging  # noqa: E402
-import tempfile  # noqa: E402
 
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -51,91 +50,17 @@ def main(argv):
     del argv
     logging.getLogger().setLevel(logging.WARNING)
     from guilibra_jax.train import config as run_config
+    from guilibra_jax.train import plan as PLAN
 
     config = _CONFIG.value
     run_config.validate(config, planning=True)
-    report = plan_config(config, _DEVICES.value, _HOSTS.value, _MEMORY.value, _WORKDIR.value)
-    print(format_report(report))
+    report = PLAN.plan_config(config, _DEVICES.value, _HOSTS.value, _MEMORY.value, _WORKDIR.value)
+    print(PLAN.format_report(report))
     if _OUT.value:
         with open(_OUT.value, "w") as f:
             json.dump(report, f, indent=1)
     if report["fits"] is False:
         sys.exit(1)
-
-
-def plan_config(config, devices: int, hosts: int = 1, device_memory_gib: float = 80.0, workdir: str = "") -> dict:
-    """The memory plan of ``config`` on ``devices`` devices over ``hosts`` processes."""
-    import jax
-
-    from guilibra_jax import sharding as S
-    from guilibra_jax.errors import ConfigError
-    from guilibra_jax.train import plan as PLAN
-
-    if jax.device_count() != devices:
-        raise ConfigError(f"--devices={devices} but this process has {jax.device_count()} devices: XLA_FLAGS was set "
-                          f"before launch.plan started; unset it")
-    if devices % hosts:
-        raise ConfigError(f"--hosts={hosts} does not divide --devices={devices}")
-    if config.data.batch_size % hosts:
-        raise ConfigError(f"config key data.batch_size = {config.data.batch_size} is invalid: expected a multiple of "
-                          f"--hosts={hosts}")
-    try:
-        mesh = S.make_mesh(dict(config.mesh))
-    except ValueError as e:
-        raise ConfigError(f"config key mesh = {dict(config.mesh)} is invalid for {devices} devices: {e}") from None
-    tokenizer = _tokenizer(config, workdir)
-    if config.method == "sft":
-        return _plan_sft(config, mesh, tokenizer, device_memory_gib, hosts)
-    from guilibra_jax.train import rl_loop
-    s, state, state_sh = rl_loop.setup(config, mesh, tokenizer, materialize=False)
-    return PLAN.plan_stage2(s, state, state_sh, device_memory_gib, processes=hosts)
-
-
-def _tokenizer(config, workdir: str):
-    """The run's tokenizer when it has one without downloads; None for named sizes."""
-    from guilibra_jax.train import data_source
-    if config.model.hf_path or config.tokenizer.path or config.model.name == "tiny":
-        return data_source.prepare_tokenizer(config, workdir or tempfile.mkdtemp(prefix="plan-"))
-    return None
-
-
-def _plan_sft(config, mesh, tokenizer, device_memory_gib, hosts):
-    import jax
-
-    from guilibra_jax.train import model_factory
-    from guilibra_jax.train import plan as PLAN
-    from guilibra_jax.train.loop import optimizer_from_config, sharded_state
-    from guilibra_jax.train.sft_step import make_sft_step
-
-    mc = model_factory.model_config_of(config, tokenizer)
-    graphdef, params, param_sh = model_factory.abstract_model(mc, mesh, **model_factory.model_kwargs(config))
-    tx, schedule = optimizer_from_config(config, params, config.train.steps)
-    state, state_sh = sharded_state(params, tx, param_sh, mesh, materialize=False)
-    step = make_sft_step(graphdef, tx, alpha_action=config.loss.alpha_action,
-                         alpha_grounding=config.loss.alpha_grounding, normalize=config.loss.normalize,
-                         schedule=schedule)
-    jit_step = jax.jit(step, in_shardings=(state_sh, None), out_shardings=(state_sh, None), donate_argnums=0)
-    return PLAN.plan_sft(config, mesh, graphdef, state, state_sh, jit_step, mc, device_memory_gib, hosts)
-
-
-def format_report(report: dict) -> str:
-    lines = [f"mesh {report['mesh']} ({report['devices']} devices), per device (GiB):"]
-    for k, v in report["per_device_gib"].items():
-        lines.append(f"  {k:<44} {v:10.3f}")
-    for name, st in report["programs"].items():
-        extra = {k: round(v / 2**30, 3) for k, v in st.items() if k.endswith("_estimate")}
-        if extra:
-            lines.append(f"  ({name}: {', '.join(f'{k[:-9]} ~{v} GiB' for k, v in extra.items())} of its temporaries)")
-    usable = report["usable_gib"]
-    lines.append(f"  {'peak (' + str(report['peak_program']) + ')':<44} {report['peak_gib']:10.3f}"
-                 + (f"  of {usable:.2f} usable" if usable else ""))
-    if report["fits"] is None:
-        lines.append("fits: unknown (no device memory given)")
-    elif report["fits"]:
-        lines.append("fits: yes")
-    else:
-        lines.append(f"fits: NO: {report['overflow']} overflows; {report['suggestion']}")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

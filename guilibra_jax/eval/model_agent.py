@@ -7,7 +7,7 @@
 
 ``workdir`` is a folder ``python -m launch.train`` wrote (``config.json``, the tokenizer,
 ``checkpoints/``); the model is built from its run config (``train.model_factory``) and
-its parameters restored from orbax (``train.checkpoint.restore_params``); a sweep
+its parameters restored from orbax (``train.checkpoint.restore_params_only``); a sweep
 (:func:`checkpoint_sweep`, ``steps`` "all" or a tuple) builds the model once and restores
 each step's parameters in turn (``CheckpointAgent.at_step``). ``hf_path`` is
 a folder of ``models.save_hf`` / the trainer's export, tokenizer included; it carries no
@@ -53,6 +53,7 @@ from guilibra_jax.train import checkpoint as C
 from guilibra_jax.train import data_source as DS
 from guilibra_jax.train import model_factory as MF
 from guilibra_jax.train import config as RC
+from guilibra_jax.train.export import RUN_CONFIG_FILE
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ def _need_step(ckpt_dir: str, step: int, key: str = "step") -> None:
 def _restore(ckpt_dir: str, abstract_params: Any, step: int | None) -> tuple[int, Any]:
     """(step, params) of checkpoint ``step`` (None: the latest) of ``ckpt_dir``."""
     try:
-        return C.restore_params(ckpt_dir, abstract_params, step)
+        return C.restore_params_only(ckpt_dir, abstract_params, step)
     except FileNotFoundError as e:
         raise FileNotFoundError(f"{KEY}.workdir={os.path.dirname(ckpt_dir)!r}: {e}") from None
 
@@ -272,7 +273,8 @@ def make_checkpoint_agent(workdir: str = "", hf_path: str = "", step: int = -1, 
     """The agent of a training ``workdir`` (checkpoint ``step``; -1: the latest) or of a
     Hugging Face folder ``hf_path`` (exactly one). An ``hf_path`` takes its data
     settings from ``run_config`` (the training workdir it was exported from, or its
-    config.json), else from ``train.config.base_config``. ``method``,
+    config.json), else from the ``run_config.json`` our exports carry, else from
+    ``train.config.base_config``. ``method``,
     ``system_prompt``, ``min_pixels``, ``max_pixels``, ``max_length`` (length filter;
     the prompt bucket unless the run sets ``data.seq_buckets``) and ``dtype`` (compute)
     override the run config's ("" / 0: keep). ``fmt``, ``coord_space`` and
@@ -287,6 +289,8 @@ def make_checkpoint_agent(workdir: str = "", hf_path: str = "", step: int = -1, 
                          f"folder); got workdir={workdir!r}, hf_path={hf_path!r}")
     if workdir and run_config:
         raise ValueError(f"{KEY}.run_config={run_config!r} is for hf_path; a workdir has its own config.json")
+    if hf_path and not run_config and os.path.exists(os.path.join(hf_path, RUN_CONFIG_FILE)):
+        run_config = os.path.join(hf_path, RUN_CONFIG_FILE)   # our exports carry their run's config
     if workdir or run_config:
         config = load_run_config(workdir or run_config, "workdir" if workdir else "run_config")
     else:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator
 from guilibra_jax import actions as A
 from guilibra_jax.envs.export import export_dataset, load_records
 from guilibra_jax.eval import agents as AG
+from guilibra_jax.eval import endpoint_agent  # noqa: F401 (registers the "endpoint" agent)
 from guilibra_jax.eval import model_agent  # also registers the "checkpoint" agent
 from guilibra_jax.eval.offline import evaluate_offline
 from guilibra_jax.eval.online import evaluate_online
@@ -96,6 +97,8 @@ def _evaluate(config, workdir: str, name: str, agent, records, data_dir: str) ->
     space, resize = _scoring_space(config, agent)
     responses = AG.responses_for_records(agent, records, data_dir)
     offline = {**evaluate_offline(records, responses, space, resize), "coord_space": space}
+    if hasattr(agent, "stats"):      # e.g. the endpoint agent's requests by outcome
+        offline["requests"] = agent.stats()
     traj_dir = os.path.join(workdir, "trajectories", name) if config.online.save_trajectories else None
     online = evaluate_online(agent, tuple(config.platforms), config.online.episodes,
                              max_steps=config.online.max_steps, seed=config.data.seed,

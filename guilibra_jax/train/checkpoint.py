@@ -90,3 +90,30 @@ def write_json(path: str, obj: Any) -> None:
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=2, sort_keys=True, default=str)
     os.replace(tmp, path)
+
+
+def restore_params_only(directory: str, abstract_params: Any, step: int | None = None) -> tuple[int, Any]:
+    """(step, params) of a train checkpoint, reading the parameters and nothing else
+    (orbax partial restore): the optimizer state (two more copies of the parameters
+    for Adam) is never read or held. For export, evaluation, references and teachers.
+
+    ``abstract_params``: the parameter tree (arrays or ``jax.ShapeDtypeStruct``, with
+    ``sharding`` to restore sharded; host arrays otherwise)."""
+    directory = os.path.abspath(directory)
+    manager = ocp.CheckpointManager(directory, item_handlers={"state": ocp.PyTreeCheckpointHandler()})
+    try:
+        step = manager.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no complete checkpoint under {directory}")
+        if step not in manager.all_steps():
+            raise FileNotFoundError(f"no complete checkpoint step {step} under {directory} "
+                                    f"(complete steps: {sorted(manager.all_steps())})")
+        target = {"params": jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+            abstract_params)}
+        restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+        out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+            item=target, restore_args=restore_args, partial_restore=True)))
+    finally:
+        manager.close()
+    return step, out["state"]["params"]

@@ -87,10 +87,16 @@ def base_config() -> mlc.ConfigDict:
         steps=100, grad_accum=1, log_every=10, checkpoint_every=100, keep_checkpoints=2,
         async_checkpoints=True, eval_every=0, eval_samples=64, eval_max_new_tokens=96,
         export=True, export_dir="",  # Hugging Face export at the end; "" = workdir/export
-        tensorboard=True, progress=True,
+        tensorboard=mlc.FieldReference("auto", field_type=object),  # "auto" (if tensorboardX) | True | False
+        progress=True,
+        wandb=dict(project="", entity="", name="", mode="online", tags=()),  # project "" = off; mode offline: no network
+        profile_steps=(),    # (start, stop): jax.profiler trace of steps start..stop-1 into workdir/profile
+        compilation_cache_dir="auto",  # persistent XLA cache: "auto" = workdir/compilation_cache, "" = off, or a path
+        curves=True,         # training curves (loss, held-out accuracy) as workdir/curves.png at the end
         max_skipped_updates=10,  # stop after this many consecutive non-finite updates (0 = never)
         memory_plan=True,    # compile the run's programs ahead of time and write memory_plan.json
     ))
+    c.print_only = False     # launch.train: print the resolved, validated config (and memory plan) and exit
     c.distributed = mlc.ConfigDict(dict(coordinator_address="", num_processes=0, process_id=-1,
                                         local_device_ids=""))
     return c
@@ -170,6 +176,16 @@ def validate(c: mlc.ConfigDict, *, planning: bool = False) -> None:
     for axis in ("data", "fsdp", "tensor"):
         if c.mesh[axis] == 0 or c.mesh[axis] < -1:
             _fail(f"mesh.{axis}", c.mesh[axis], "a positive size or -1")
+    if t.tensorboard not in ("auto", True, False) or isinstance(t.tensorboard, int) and not isinstance(
+            t.tensorboard, bool):
+        _fail("train.tensorboard", t.tensorboard, "'auto' (when tensorboardX is installed), True or False")
+    if t.wandb.mode not in ("online", "offline", "disabled"):
+        _fail("train.wandb.mode", t.wandb.mode, "online, offline or disabled")
+    if len(t.profile_steps) not in (0, 2) or len(t.profile_steps) == 2 and not 1 <= t.profile_steps[0] < \
+            t.profile_steps[1]:
+        _fail("train.profile_steps", t.profile_steps, "() or (start, stop) with 1 <= start < stop")
+    if not isinstance(t.compilation_cache_dir, str):
+        _fail("train.compilation_cache_dir", t.compilation_cache_dir, "'auto', '' (off) or a folder")
 
 
 def _frozen_spec_ok(spec: str) -> bool:

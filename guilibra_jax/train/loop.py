@@ -18,12 +18,16 @@ from flax import nnx
 
 from guilibra_jax import sharding as S
 from guilibra_jax.train import checkpoint as C
+from guilibra_jax.train import compilation_cache
+from guilibra_jax.train import config as run_config
 from guilibra_jax.train import model_factory
 from guilibra_jax.train import multihost as MH
 from guilibra_jax.train.batching import put_batch, stack_micro_batches  # noqa: F401 (re-exported)
+from guilibra_jax.train.curves import write_curves
 from guilibra_jax.train.guards import Divergence, Preemption
-from guilibra_jax.train.metrics import MetricsWriter, Progress
+from guilibra_jax.train.metrics import Progress, writer_for_run
 from guilibra_jax.train.optimizer import make_optimizer
+from guilibra_jax.train.profiler import StepProfiler
 from guilibra_jax.train.sft_step import make_sft_step
 from guilibra_jax.train.step_core import init_state
 
@@ -90,10 +94,15 @@ def finish_run(step: int, state, tc, ckpt, progress, writer, graphdef, model_con
         params = MH.host_params(state["params"])   # a collective with several processes
         if is_main:
             export_dir = tc.export_dir or os.path.join(workdir, "export")
-            model_factory.export(graphdef, params, model_config, tokenizer, export_dir)
+            model_factory.export(graphdef, params, model_config, tokenizer, export_dir,
+                                 config=run_config.load_run_config(workdir))
             log.info("exported Hugging Face checkpoint to %s", export_dir)
     ckpt.close()
     writer.close()
+    if is_main and tc.get("curves", True):
+        path = write_curves(workdir)
+        if path:
+            log.info("training curves: %s", path)
 
 
 def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict:
@@ -105,6 +114,7 @@ def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict
     is_main = jax.process_index() == 0
     if is_main:
         C.write_json(os.path.join(workdir, "config.json"), config.to_dict())
+    compilation_cache.enable(config.train.compilation_cache_dir, workdir)
 
     mesh = S.make_mesh(dict(config.mesh))
     tokenizer = data_source.prepare_tokenizer(config, workdir)
@@ -138,8 +148,9 @@ def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict
                                                          jax.process_index(), jax.process_count(), workdir)
     ckpt, start, state = open_checkpoints(workdir, tc, state, data)
 
-    writer = MetricsWriter(workdir, enabled=is_main, tensorboard=tc.tensorboard)
+    writer = writer_for_run(config, workdir, enabled=is_main)
     progress = Progress(tc.steps, start, enabled=is_main and tc.progress)
+    profiler = StepProfiler(workdir, tc.profile_steps, enabled=is_main)
     evaluator = data_source.make_evaluator(config, tokenizer, model_config, graphdef, workdir) \
         if tc.eval_every > 0 else None
     divergence = Divergence(tc.max_skipped_updates, ckpt.latest_step)
@@ -151,8 +162,10 @@ def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict
         while step < tc.steps:
             host = stack_micro_batches([next(data) for _ in range(tc.grad_accum)])
             tokens_since += float(np.sum(host["segment_ids"] > 0)) * jax.process_count()
+            profiler.before(step + 1)
             state, metrics = jit_step(state, put_batch(host, mesh, model_config=model_config))
             step += 1
+            profiler.after(step, metrics)
             if pending is not None:
                 divergence.update(pending[0], bool(jax.device_get(pending[1])))
             pending = (step, metrics["update_ok"])
@@ -169,6 +182,7 @@ def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict
                 break
         if pending is not None:
             divergence.update(pending[0], bool(jax.device_get(pending[1])))
+    profiler.close()
     finish_run(step, state, tc, ckpt, progress, writer, graphdef, model_config, tokenizer, workdir, is_main)
     if hasattr(data, "close"):
         data.close()

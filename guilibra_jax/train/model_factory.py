@@ -135,8 +135,14 @@ def load_tokenizer(path: str):
     return AutoTokenizer.from_pretrained(path)
 
 
-def export(graphdef, params, model_config: M.ModelConfig, tokenizer, path: str) -> str:
-    """Write params as a Hugging Face folder (config, safetensors, tokenizer)."""
+def export(graphdef, params, model_config: M.ModelConfig, tokenizer, path: str, config: Any = None) -> str:
+    """Write params as a Hugging Face folder. With the run ``config``: the complete
+    export of :func:`guilibra_jax.train.export.export_model` (tokenizer, chat template,
+    preprocessor and generation configs with the run's pixels and stop ids); without
+    it, only config.json, safetensors and the tokenizer."""
+    if config is not None:
+        from guilibra_jax.train.export import export_model
+        return export_model(graphdef, params, model_config, tokenizer, path, config)
     model = nnx.merge(graphdef, params)
     M.save_hf(model, model_config, path)
     if tokenizer is not None:
@@ -174,10 +180,13 @@ def load_frozen(path: str, *, dtype: str = "bfloat16", param_dtype: str = "bfloa
     model_config = model_config_of(run, tokenizer)
     kw = dict(dtype=dtype_of(dtype, "dtype"), param_dtype=dtype_of(param_dtype, "param_dtype"),
               remat=run.model.remat, scan_layers=run.model.scan_layers)
-    abstract = nnx.eval_shape(lambda: M.QwenVL(model_config, rngs=nnx.Rngs(0), **kw))
-    graphdef, pstate, _ = nnx.split(abstract, nnx.Param, ...)
-    shardings = S.param_shardings(pstate, mesh, log=False) if mesh is not None else None
-    _, params = C.restore_params(ckpt_dir, nnx.to_pure_dict(pstate), step, shardings=shardings)
+    if mesh is not None:
+        graphdef, abstract, shardings = abstract_model(model_config, mesh, **kw)
+    else:
+        graphdef, pstate, _ = nnx.split(nnx.eval_shape(lambda: M.QwenVL(model_config, rngs=nnx.Rngs(0), **kw)),
+                                        nnx.Param, ...)
+        abstract, shardings = nnx.to_pure_dict(pstate), None
+    _, params = C.restore_params_only(ckpt_dir, abstract, step)
     cast = dtype_of(param_dtype, "param_dtype")
     params = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(cast), p), out_shardings=shardings)(params)
     return graphdef, params, model_config

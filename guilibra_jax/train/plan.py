@@ -22,6 +22,7 @@ response slots.
 from __future__ import annotations
 
 import math
+import tempfile
 from typing import Any
 
 import jax
@@ -277,3 +278,80 @@ def kv_cache_bytes(model_config, rows: int, slots: int, dtype: str, mesh) -> int
     tp = mesh.shape["tensor"] if t.num_kv_heads % mesh.shape["tensor"] == 0 else 1
     per = 2 * t.num_layers * slots * (t.num_kv_heads // tp) * t.head_dim * jnp.dtype(dtype).itemsize
     return int(-(-rows // dp) * per)
+
+
+# ----------------------------------------------------------------------------- a recipe
+def plan_config(config, devices: int, hosts: int = 1, device_memory_gib: float | None = 80.0,
+                workdir: str = "") -> dict:
+    """The memory plan of ``config`` on ``devices`` devices (this process's, fake on a CPU)
+    over ``hosts`` processes; the programs are compiled, nothing is allocated."""
+    from guilibra_jax.errors import ConfigError
+
+    if jax.device_count() != devices:
+        raise ConfigError(f"--devices={devices} but this process has {jax.device_count()} devices: XLA_FLAGS was set "
+                          f"before launch.plan started; unset it")
+    if devices % hosts:
+        raise ConfigError(f"--hosts={hosts} does not divide --devices={devices}")
+    if config.data.batch_size % hosts:
+        raise ConfigError(f"config key data.batch_size = {config.data.batch_size} is invalid: expected a multiple of "
+                          f"--hosts={hosts}")
+    try:
+        mesh = S.make_mesh(dict(config.mesh))
+    except ValueError as e:
+        raise ConfigError(f"config key mesh = {dict(config.mesh)} is invalid for {devices} devices: {e}") from None
+    tokenizer = _tokenizer(config, workdir)
+    if config.method == "sft":
+        return _plan_sft(config, mesh, tokenizer, device_memory_gib, hosts)
+    from guilibra_jax.train import rl_loop
+    s, state, state_sh = rl_loop.setup(config, mesh, tokenizer, materialize=False)
+    return plan_stage2(s, state, state_sh, device_memory_gib, processes=hosts)
+
+
+def _tokenizer(config, workdir: str):
+    """The run's tokenizer when it has one without downloads; None for named sizes."""
+    from guilibra_jax.train import data_source
+    if config.model.hf_path or config.tokenizer.path or config.model.name == "tiny":
+        return data_source.prepare_tokenizer(config, workdir or tempfile.mkdtemp(prefix="plan-"))
+    return None
+
+
+def _plan_sft(config, mesh, tokenizer, device_memory_gib, hosts):
+    from guilibra_jax.train import model_factory
+    from guilibra_jax.train.loop import optimizer_from_config, sharded_state
+    from guilibra_jax.train.sft_step import make_sft_step
+
+    mc = model_factory.model_config_of(config, tokenizer)
+    graphdef, params, param_sh = model_factory.abstract_model(mc, mesh, **model_factory.model_kwargs(config))
+    tx, schedule = optimizer_from_config(config, params, config.train.steps)
+    state, state_sh = sharded_state(params, tx, param_sh, mesh, materialize=False)
+    step = make_sft_step(graphdef, tx, alpha_action=config.loss.alpha_action,
+                         alpha_grounding=config.loss.alpha_grounding, normalize=config.loss.normalize,
+                         schedule=schedule)
+    jit_step = jax.jit(step, in_shardings=(state_sh, None), out_shardings=(state_sh, None), donate_argnums=0)
+    return plan_sft(config, mesh, graphdef, state, state_sh, jit_step, mc, device_memory_gib, hosts)
+
+
+def format_report(report: dict) -> str:
+    lines = [f"mesh {report['mesh']} ({report['devices']} devices), per device (GiB):"]
+    for k, v in report["per_device_gib"].items():
+        lines.append(f"  {k:<44} {v:10.3f}")
+    for name, st in report["programs"].items():
+        extra = {k: round(v / 2**30, 3) for k, v in st.items() if k.endswith("_estimate")}
+        if extra:
+            lines.append(f"  ({name}: {', '.join(f'{k[:-9]} ~{v} GiB' for k, v in extra.items())} of its temporaries)")
+    usable = report["usable_gib"]
+    lines.append(f"  {'peak (' + str(report['peak_program']) + ')':<44} {report['peak_gib']:10.3f}"
+                 + (f"  of {usable:.2f} usable" if usable else ""))
+    if report["fits"] is None:
+        lines.append("fits: unknown (no device memory given)")
+    elif report["fits"]:
+        lines.append("fits: yes")
+    else:
+        lines.append(f"fits: NO: {report['overflow']} overflows; {report['suggestion']}")
+    return "\n".join(lines)
+
+
+def dry_run_summary(config) -> str:
+    """``launch.train --dry_run``: the plan of ``config`` on this process's devices."""
+    mem = device_memory_gib(S.make_mesh(dict(config.mesh)))
+    return format_report(plan_config(config, jax.device_count(), jax.process_count(), mem))

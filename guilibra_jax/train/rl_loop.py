@@ -48,7 +48,8 @@ from guilibra_jax.train.batching import put_batch, stack_micro_batches
 from guilibra_jax.train.guards import Divergence, Preemption
 from guilibra_jax.train.loop import (eval_and_checkpoint, finish_run, open_checkpoints, optimizer_from_config,
                                      sharded_state)
-from guilibra_jax.train.metrics import MetricsWriter, Progress
+from guilibra_jax.train.metrics import Progress, writer_for_run
+from guilibra_jax.train.profiler import StepProfiler
 from guilibra_jax.train.rl_step import make_rl_step
 
 log = logging.getLogger(__name__)
@@ -440,8 +441,9 @@ def train_rl(config, workdir: str) -> dict:
         log.info("memory plan (GiB per device): %s", PLAN.summary_line(report))
 
     ckpt, start, state = open_checkpoints(workdir, tc, state, prompts)
-    writer = MetricsWriter(workdir, enabled=is_main, tensorboard=tc.tensorboard)
+    writer = writer_for_run(config, workdir, enabled=is_main)
     progress = Progress(tc.steps, start, enabled=is_main and tc.progress)
+    profiler = StepProfiler(workdir, tc.profile_steps, enabled=is_main)
     evaluator = (data_source.make_evaluator(config, tokenizer, s.model_config, s.graphdef, workdir)
                  if tc.eval_every > 0 and config.method == "grpo" else None)
     if evaluator is not None and start == 0:   # the starting (SFT) policy, for comparison
@@ -453,6 +455,7 @@ def train_rl(config, workdir: str) -> dict:
     with Preemption() as preempt:
         while step < tc.steps:
             t0 = time.time()
+            profiler.before(step + 1)
             c = collect(s, state["params"], prompts, step, base_key)
             adv = ADV.compute(c.scored.reward, c.scored.success & c.ro.valid, rl.group_size, config.method, rl)
             adv["advantages"] = np.where(c.ro.valid, adv["advantages"], 0.0).astype(np.float32)
@@ -462,6 +465,7 @@ def train_rl(config, workdir: str) -> dict:
             state, metrics, applied = update(s, state, c.ro, adv, scores)
             t3 = time.time()
             step += 1
+            profiler.after(step, state)
             for ok in applied:
                 divergence.update(step, ok)
             row = rollout_metrics(c, adv, config.method, rl.max_new_tokens, rl.group_filter.enabled)
@@ -475,6 +479,7 @@ def train_rl(config, workdir: str) -> dict:
                                            stop)
             if stop:
                 break
+    profiler.close()
     finish_run(step, state, tc, ckpt, progress, writer, s.graphdef, s.model_config, tokenizer, workdir, is_main)
     prompts.close()
     return last_row
