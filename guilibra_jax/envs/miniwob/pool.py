@@ -12,11 +12,13 @@ Each worker process (spawned, so a parent that already runs JAX is never forked)
 any answer is read, so the browsers work in parallel. A step answers, for its slot:
 
 * ``observation`` (screenshot as PNG bytes, instruction, history, elements, ...);
-* ``label``: the scripted expert's action in the state *before* the step (a native
-  :class:`data.native.StepTarget` with the target box and alternatives, plus its reasoning),
-  and ``step_reward``: the GUI-Libra verifier reward of the response against that label
-  (:func:`rewards.guilibra_reward`: format, action type, value, point in box; ``None``
-  when the expert has no action there), the per-step verifiable reward;
+* ``label``: the scripted expert's action in the observation's state (a native
+  :class:`data.native.StepTarget` dict with the target box and alternatives, plus its
+  reasoning; ``None`` once done): what the policy's next response is verified against;
+* ``step_reward`` (step only): the GUI-Libra verifier reward of the response against the
+  label of the state it answered (:func:`rewards.guilibra_reward`: format, action type,
+  value, point in box; ``None`` when the expert had no action there), the per-step
+  verifiable reward;
 * ``done``, ``success`` (the page's verdict: raw reward > 0), ``raw_reward``, ``error``.
 
 Resumable: :meth:`state` is, per slot, (task, seed, step, executed actions in pixel
@@ -48,8 +50,8 @@ class SlotResult:
     raw_reward: float | None
     error: str | None
     obs: dict                       # Observation fields, screenshot as "png" bytes
-    label: dict | None = None       # expert's StepTarget dict + "reasoning" (before this step)
-    step_reward: dict | None = None  # rewards.GuiLibraReward fields of the response vs the label
+    label: dict | None = None       # expert's action in this observation's state (None when done)
+    step_reward: dict | None = None  # the response's GuiLibraReward vs the previous state's label
 
     def observation(self):
         """The :class:`envs.env.Observation` (screenshot decoded on first access)."""
@@ -97,6 +99,12 @@ def _worker(slot: int, conn, scale: float, max_steps: int | None, coord_space: s
     from guilibra_jax.envs.miniwob.browser import Browser
     from guilibra_jax.envs.miniwob.env import MiniWobEnv
     browser = env = None
+    target = None                        # rewards.Target of the expert's action in the current state
+
+    def answer(obs, info=None, reward=None):
+        nonlocal target
+        label, target = _label(env) if not env.done else (None, None)
+        return _result(slot, env, obs, info, label, reward)
     try:
         browser = Browser(scale=scale)
         env = MiniWobEnv("click-test", browser=browser, max_steps=max_steps)
@@ -109,20 +117,19 @@ def _worker(slot: int, conn, scale: float, max_steps: int | None, coord_space: s
                 if cmd == "reset":
                     task, seed = arg
                     env = MiniWobEnv(task, seed, browser=browser, max_steps=max_steps)
-                    conn.send(("ok", _result(slot, env, env.reset())))
+                    conn.send(("ok", answer(env.reset())))
                 elif cmd == "step":
-                    label, target = _label(env) if not env.done else (None, None)
                     reward = None
                     if target is not None:
                         reward = dataclasses.asdict(R.guilibra_reward(arg, target, coord_space=coord_space,
                                                                       resized_size=resized_size))
                     obs, _, info = env.step(arg, coord_space=coord_space, resized_size=resized_size)
-                    conn.send(("ok", _result(slot, env, obs, info, label, reward)))
+                    conn.send(("ok", answer(obs, info, reward)))
                 elif cmd == "state":
                     conn.send(("ok", env.state()))
                 elif cmd == "restore":
                     env = MiniWobEnv(arg["task"], arg["seed"], browser=browser, max_steps=max_steps)
-                    conn.send(("ok", _result(slot, env, env.restore(arg))))
+                    conn.send(("ok", answer(env.restore(arg))))
                 else:
                     conn.send(("error", f"unknown command {cmd!r}"))
             except Exception as e:  # report, keep serving
