@@ -212,3 +212,28 @@ def test_pool_steps_browsers_in_parallel_with_verifiable_step_rewards():
         again = pool.restore(state)                           # back to step 1 of both episodes
         assert [(r.task, r.seed, r.step, r.done) for r in again] == [("choose-list", 11, 1, False),
                                                                     ("login-user", 12, 1, False)]
+
+
+def test_sft_on_recorded_demos_then_the_checkpoint_plays_in_the_browser(tmp_path, browser):
+    """configs/miniwob.py:smoke trains on recorded demos; the checkpoint agent then plays."""
+    import subprocess
+    import sys
+    from guilibra_jax.envs.miniwob.record import record_demos
+    from guilibra_jax.eval import model_agent  # noqa: F401  (registers the "checkpoint" agent)
+    from guilibra_jax.eval.agents import make_agent
+    from guilibra_jax.eval.online_miniwob import evaluate_miniwob
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    demos = tmp_path / "demos"
+    record_demos(str(demos), ("click-test", "enter-text"), episodes=4, seed=0, split_fraction=0.25, browser=browser)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    work = tmp_path / "sft"
+    p = subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/miniwob.py:smoke",
+                        f"--workdir={work}", f"--config.data.train_files=('{demos}/train.jsonl',)",
+                        f"--config.data.eval_files=('{demos}/test.jsonl',)"],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    agent = make_agent("checkpoint", workdir=str(work), max_new_tokens=48)
+    out = evaluate_miniwob(agent, ("click-test",), 1, max_steps=2, coord_space=agent.coord_space,
+                           resized_size=agent.resized_size, browser=browser)
+    ep = out["episodes"][0]
+    assert ep["task"] == "click-test" and 1 <= ep["steps"] <= 2     # a 4-step model: any outcome

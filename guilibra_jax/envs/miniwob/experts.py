@@ -35,6 +35,16 @@ class ExpertError(RuntimeError):
 
 _QUERY_JS = """
 var out = [];
+// a point of e that a click reaches (e or a descendant on top there), nearest the centre
+var hitPoint = function (e, r) {
+  var best = null, bd = 1e9, cx = r.left + r.width / 2, cy = r.top + r.height / 2;
+  for (var i = 1; i < 8; i++) for (var j = 1; j < 8; j++) {
+    var x = r.left + r.width * i / 8, y = r.top + r.height * j / 8;
+    var h = document.elementFromPoint(x, y), d = Math.abs(x - cx) + Math.abs(y - cy);
+    if (h && (h === e || e.contains(h)) && d < bd) { best = [x, y]; bd = d; }
+  }
+  return best;
+};
 document.querySelectorAll(arguments[0]).forEach(function (e) {
   var r = e.getBoundingClientRect();
   var sel = e.tagName === 'SELECT' && e.selectedIndex >= 0 ? e.options[e.selectedIndex].text : null;
@@ -44,7 +54,7 @@ document.querySelectorAll(arguments[0]).forEach(function (e) {
             dtype: e.getAttribute('data-type'), href: e.getAttribute('href'),
             left: r.left, top: r.top, width: r.width, height: r.height,
             visible: r.width > 0 && r.height > 0 && getComputedStyle(e).visibility !== 'hidden',
-            focused: document.activeElement === e});
+            focused: document.activeElement === e, hit: hitPoint(e, r)});
 });
 return out;
 """
@@ -69,6 +79,7 @@ class El:
     height: float
     visible: bool
     focused: bool
+    hit: list | None = None     # CSS point where a click reaches this element (None: covered)
 
     @property
     def box_unit(self) -> tuple[float, float, float, float] | None:
@@ -144,6 +155,8 @@ def _demo(kind: str, el: El, value: str | None, desc: str, target: str) -> Demo:
     if box is None:
         raise ExpertError(f"target {target!r} lies outside the task region")
     p = _centre(box)
+    if el.hit is not None and kind == "click":     # the centre may be covered by another element
+        p = round(el.hit[0] / TASK_WIDTH, 6), round(el.hit[1] / TASK_HEIGHT, 6)
     atype = {"click": "Click", "write": "Write", "select": "Select"}[kind]
     return Demo(A.Action(atype, desc, value, p, target), None, tuple(round(c, 6) for c in box))
 
