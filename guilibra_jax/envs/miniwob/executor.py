@@ -10,8 +10,9 @@ Scroll, Answer; plus Terminate and Wait) becomes the world's primitive
     Click p [value "double"/"right"]  pointer click at p (WebDriver actions: real mouse events)
     Write v at p                      click p, select the field's text, type v (replaces it,
                                       as Mind2Web's TYPE); without p: type v at the focus
-    Select v at p                     the <select> under p (or its ancestor) takes the option
-                                      whose text is v (case and space folded); change/input fire
+    Select v at p                     the <select> under p (its ancestor, or the one hidden in a
+                                      styled dropdown's wrapper) takes the option whose text is v
+                                      (case and space folded); change/input fire
     KeyboardPress "enter"/"ctrl+a"    key down/up of the combo (modifiers held), at the focus
     Scroll d [at p]                   mouse wheel at p (default: the task's centre), 50 CSS px
     Answer / Terminate                end the episode (the page alone decides success)
@@ -120,14 +121,20 @@ def _type(browser, text: str, replace_at) -> str | None:
 _SELECT_JS = """
 var x = arguments[0], y = arguments[1], want = arguments[2];
 var norm = function (s) { return String(s).replace(/\\s+/g, ' ').trim().toLowerCase(); };
-var e = document.elementFromPoint(x, y);
+var hit = document.elementFromPoint(x, y), e = hit;
 while (e && e.tagName !== 'SELECT') e = e.parentElement;
+// a styled dropdown (e.g. jQuery selectric) hides its <select> inside a wrapper under the point
+for (var a = hit, k = 0; !e && a && k < 4; a = a.parentElement, k++) {
+  var inner = a.querySelectorAll ? a.querySelectorAll('select') : [];
+  if (inner.length === 1) e = inner[0];
+}
 if (!e) return 'no <select> element at the point';
 for (var i = 0; i < e.options.length; i++) {
   if (norm(e.options[i].text) === norm(want) || norm(e.options[i].value) === norm(want)) {
     e.focus(); e.selectedIndex = i;
     e.dispatchEvent(new Event('input', {bubbles: true}));
     e.dispatchEvent(new Event('change', {bubbles: true}));
+    if (window.jQuery && jQuery(e).data('selectric')) jQuery(e).selectric('refresh');
     return null;
   }
 }

@@ -519,6 +519,18 @@ def _choose_list(p):
     return goal, click(_submit(p), "the \"Submit\" button", f"\"{name}\" is selected, so I submit.")
 
 
+@expert("form-sequence-3", kind="select")
+def _form_sequence_3(p):
+    m = p.match(r'Choose (.*) from the dropdown, then click the button labeled "(.*)"\.')
+    option, button = m.group(1), m.group(2)
+    goal = f"The task is to choose \"{option}\" in the dropdown, then click \"{button}\"."
+    if p.js("return $('#dropdown').val();") != option:
+        box = p.one(".selectric")
+        return goal, select(box, option, "the dropdown", f"The dropdown does not show \"{option}\" yet, so I select it.")
+    return goal, click(p.one("#buttons button", text=button), f"the \"{button}\" button",
+                       f"\"{option}\" is chosen, so I click \"{button}\".")
+
+
 # The task set: ordered, with their kind.
 TASKS: tuple[str, ...] = tuple(EXPERTS)
 
