@@ -204,6 +204,10 @@ def test_pool_steps_browsers_in_parallel_with_verifiable_step_rewards():
         assert all(r.step_reward["accuracy"] == 0.0 and r.step_reward["format"] == 1.0 for r in res)
         state = pool.state()
         rewards = []
+        from guilibra_jax import rewards as R
+        rec = res[0].record()                                 # the state as a native record, label as target
+        assert R.guilibra_reward(_label_response(res[0].label), rec.reward_target()).accuracy == 1.0
+        assert rec.image_size == (160, 210) and rec.platform == "web"
         while not all(r.done for r in res):
             out = pool.step([None if r.done else _label_response(r.label) for r in res])
             rewards += [o.step_reward["accuracy"] for o in out if o is not None]
@@ -214,8 +218,11 @@ def test_pool_steps_browsers_in_parallel_with_verifiable_step_rewards():
                                                                     ("login-user", 12, 1, False)]
 
 
+@pytest.mark.slow
 def test_sft_on_recorded_demos_then_the_checkpoint_plays_in_the_browser(tmp_path, browser):
-    """configs/miniwob.py:smoke trains on recorded demos; the checkpoint agent then plays."""
+    """configs/miniwob.py:smoke trains on recorded demos; the checkpoint agent then plays.
+    Slow (minutes: a training compile and a generate compile); the default run covers the
+    pieces: recording here, training in tests/train, the checkpoint agent in tests/eval."""
     import subprocess
     import sys
     from guilibra_jax.envs.miniwob.record import record_demos

@@ -61,6 +61,23 @@ class SlotResult:
         png = o.pop("png")
         return Observation(render=lambda: Image.open(io.BytesIO(png)).convert("RGB"), **o)
 
+    def record(self, split: str = "train"):
+        """This state as a native :class:`data.native.StepRecord` whose target is the expert's
+        label (alternatives included; screenshot inline): what the RL data pipeline
+        (``data.pipeline.make_rl_loader``) turns into a prompt with its reward target."""
+        from guilibra_jax.data import native as N
+        if self.label is None:
+            raise ValueError(f"slot {self.slot} ({self.task}-{self.seed}, step {self.step}) has no label: "
+                             f"the episode is over or the expert has no action here")
+        lab = {k: v for k, v in self.label.items() if k not in ("alternatives", "reasoning")}
+        o = self.obs
+        return N.StepRecord(
+            trajectory_id=o["task_id"], step=o["step"], platform=o["platform"], instruction=o["instruction"],
+            history=tuple(o["history"]), image={"bytes": o["png"]}, image_size=tuple(o["screen_size"]),
+            target=N.target_from_dict(lab), reasoning=self.label.get("reasoning"),
+            alternatives=tuple(N.target_from_dict(a) for a in self.label.get("alternatives", ())),
+            source=f"miniwob-{self.task}", split=split)
+
 
 def _obs_payload(obs) -> dict:
     buf = io.BytesIO()
