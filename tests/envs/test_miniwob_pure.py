@@ -77,3 +77,18 @@ def test_record_demos_says_in_one_line_what_is_missing(tmp_path):
     assert p.returncode == 2, p.stderr
     line = p.stderr.strip().splitlines()[-1]
     assert line.startswith("error:") and ("chromedriver" in line or "[miniwob]" in line)
+
+
+def test_miniwob_recipes_validate_and_name_real_model_sizes():
+    from configs import miniwob
+    from guilibra_jax.models.config import named_config
+    from guilibra_jax.train.config import validate
+    for arg in ("cpu", "smoke", "qwen2_5_vl_3b", "qwen3_vl_4b"):
+        c = miniwob.get_config(arg)
+        validate(c)
+        assert c.data.train_files and c.data.method == "guilibra"
+    for arg, family in (("qwen2_5_vl_3b", "qwen2_5_vl"), ("qwen3_vl_4b", "qwen3_vl")):
+        c = miniwob.get_config(arg)
+        assert c.model.tiny.family == family and named_config(c.model.name).family == family
+    with pytest.raises(ValueError, match="unknown recipe"):
+        miniwob.get_config("qwen9")
