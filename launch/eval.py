@@ -8,8 +8,10 @@ Runs offline step metrics and online episodes in the synthetic world for every a
 import json
 import logging
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
+
+from launch import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Eval recipe: configs/X.py[:arg].",
                                           lock_config=True)
@@ -26,4 +28,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)
