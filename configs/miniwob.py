@@ -24,45 +24,39 @@ Recipes (``:arg``):
 use another folder. Online RL in the browser (``envs.miniwob.pool``) comes with the RL loop.
 """
 
+from configs import demo
 from guilibra_jax.train.config import base_config
 
 DEMOS = "runs/miniwob_demos"
 GPU = {"qwen2_5_vl_3b": "qwen2_5_vl", "qwen3_vl_4b": "qwen3_vl"}
 
 
-def get_config(arg="cpu"):
-    c = base_config()
+def _demo_data(c) -> None:
     c.data.format = "native"
     c.data.train_files = (f"{DEMOS}/train.jsonl",)
     c.data.eval_files = (f"{DEMOS}/test.jsonl",)
     c.data.method = "guilibra"
     c.data.mix = "both"
+
+
+def get_config(arg="cpu"):
     if arg in ("cpu", "smoke", None):
-        c.data.system_prompt = "GUI agent on a {platform}. Actions: {actions}."
+        c = demo.get_config("smoke" if arg == "smoke" else None)   # the demo's model, optimizer, short prompt
+        c.data.synthetic.enabled = False
+        _demo_data(c)
         c.data.max_length = 384
         c.data.seq_buckets = (256, 384)
         c.data.patch_bucket = 1152       # 8 images x 140 patches
-        c.data.batch_size = 8
         c.data.max_pixels = 160 * 210    # the task region at scale 1, unshrunk
-        c.data.min_pixels = 56 * 56
-        c.model.dtype = "float32"
-        c.optim.lr = 3e-3
-        c.optim.warmup_steps = 20
-        c.optim.weight_decay = 0.0
-        c.train.steps = 1200
-        c.train.log_every = 10
-        c.train.checkpoint_every = 200
-        c.train.eval_every = 600
-        c.train.eval_samples = 96
-        if arg == "smoke":
-            c.train.steps = 4
-            c.train.log_every = 1
-            c.train.checkpoint_every = 2
-            c.train.eval_every = 0
-            c.train.progress = False
+        if arg != "smoke":
+            c.train.checkpoint_every = 200
+            c.train.eval_every = 600
+            c.train.eval_samples = 96
         return c
     if arg not in GPU:
         raise ValueError(f"configs/miniwob.py: unknown recipe {arg!r}; expected cpu, smoke or one of {sorted(GPU)}")
+    c = base_config()
+    _demo_data(c)
     c.model.name = arg                   # set model.hf_path to the checkpoint folder
     c.model.tiny.family = GPU[arg]
     c.model.dtype = "bfloat16"

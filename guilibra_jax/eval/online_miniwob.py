@@ -14,12 +14,12 @@ episode; with ``out_dir``, each episode's screenshots and responses under
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any, Callable, Sequence
 
 from guilibra_jax.envs.export import heldout_task_seeds
+from guilibra_jax.eval.online import save_episode
 
 ResizedSize = Sequence[int] | Callable[[tuple[int, int]], Sequence[int]] | None
 
@@ -42,12 +42,7 @@ def play(agent, env, *, seed: int, coord_space: str = "norm1000", resized_size: 
               "success": env.success(), "steps": len(steps), "raw_reward": env._meta.get("raw_reward"),
               "invalid_steps": sum(s["error"] is not None for s in steps)}
     if save_dir is not None:
-        d = os.path.join(save_dir, env.task_id)
-        os.makedirs(d, exist_ok=True)
-        for k, img in enumerate(shots):
-            img.save(os.path.join(d, f"step_{k:02d}.png"))
-        with open(os.path.join(d, "trajectory.json"), "w", encoding="utf-8") as f:
-            json.dump({**result, "trajectory": steps}, f, indent=1)
+        save_episode(os.path.join(save_dir, env.task_id), shots, result, steps)
     return result
 
 

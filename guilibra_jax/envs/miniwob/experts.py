@@ -412,24 +412,18 @@ def _hidden_link(p: Page, containers: str) -> tuple[str, int | None]:
     return name, idx
 
 
-@expert("click-collapsible-2", kind="click")
-def _click_collapsible_2(p):
+@expert("click-collapsible-2", "click-tab-2", kind="click")
+def _click_hidden_link(p):
+    """The link is in one of several sections (accordion headers) or tabs: open its own."""
     name, idx = _hidden_link(p, "#area > div")
     goal = f"The task is to find and click the link \"{name}\"."
     if idx is None:
         return goal, click(p.one("span.alink", text=name), f"the link \"{name}\"", "The link is visible, so I click it.")
-    header = [e for e in p.q("#area > h3")][idx]
+    if p.env.task == "click-tab-2":
+        tab = p.q("a.ui-tabs-anchor")[idx]
+        return goal, click(tab, f"the \"{tab.text}\" tab", f"The link is on \"{tab.text}\", so I open that tab.")
+    header = p.q("#area > h3")[idx]
     return goal, click(header, f"the \"{header.text}\" header", f"The link is in \"{header.text}\", so I expand it.")
-
-
-@expert("click-tab-2", kind="click")
-def _click_tab_2(p):
-    name, idx = _hidden_link(p, "#area > div")
-    goal = f"The task is to find and click the link \"{name}\"."
-    if idx is None:
-        return goal, click(p.one("span.alink", text=name), f"the link \"{name}\"", "The link is visible, so I click it.")
-    tab = p.q("a.ui-tabs-anchor")[idx]
-    return goal, click(tab, f"the \"{tab.text}\" tab", f"The link is on \"{tab.text}\", so I open that tab.")
 
 
 @expert("enter-text", "enter-text-dynamic", kind="type")
