@@ -244,3 +244,12 @@ def test_sft_on_recorded_demos_then_the_checkpoint_plays_in_the_browser(tmp_path
                            resized_size=agent.resized_size, browser=browser)
     ep = out["episodes"][0]
     assert ep["task"] == "click-test" and 1 <= ep["steps"] <= 2     # a 4-step model: any outcome
+
+
+def test_the_browser_resolves_no_host_name(browser):
+    """Chromium's resolver maps every name to nothing: a web address gives Chromium's error
+    page without any traffic leaving the machine; the task pages are file:// URLs."""
+    from selenium.common.exceptions import WebDriverException
+    browser.task = None                      # the next open() reloads the task page
+    with pytest.raises(WebDriverException, match="ERR_NAME_NOT_RESOLVED"):
+        browser.driver.get("http://example.com/")
