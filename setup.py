@@ -30,6 +30,9 @@ EXTRAS = {
     "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
     "tensorboard": ["tensorboardX>=2.6,<3", "tensorboard>=2.16,<3"],   # writer; viewer
     "wandb": ["wandb>=0.19,<1"],
+    # MiniWoB++ in headless Chromium (guilibra_jax.envs.miniwob); Chromium and chromedriver
+    # come from the system: apt-get install chromium chromium-driver (Debian).
+    "miniwob": ["miniwob==1.1.0", "selenium>=4.20,<5", "gymnasium>=1.0,<2"],
 }
 
 setup(

@@ -40,6 +40,12 @@ agent (:mod:`guilibra_jax.eval.endpoint_agent`)::
         --config.agents='("endpoint",)' --config.agent_kwargs.endpoint.url=http://localhost:8000/v1 \
         --config.agent_kwargs.endpoint.export=runs/demo/export
 
+MiniWoB++ in headless Chromium (``pip install -e .[miniwob]``, Chromium + chromedriver)::
+
+    python -m launch.eval --config=configs/eval_demo.py --workdir=runs/eval_miniwob \
+        --config.world=miniwob --config.miniwob.tasks='("click-button","enter-text")' \
+        --config.online.episodes=10 --config.agents='("expert","random_click")'
+
 Other agents join by registering a factory (``guilibra_jax.eval.agents.register_agent``)
 and listing its name in ``agents``, with its keyword arguments under
 ``agent_kwargs.<name>``.
@@ -50,6 +56,9 @@ import ml_collections as mlc
 
 def get_config(arg=None):
     c = mlc.ConfigDict()
+    c.world = "synthetic"        # synthetic | miniwob (pip install -e .[miniwob] + Chromium; online only)
+    # world=miniwob: tasks () = every task with an expert; online.episodes held-out seeds per task
+    c.miniwob = mlc.ConfigDict(dict(tasks=(), scale=1.0, max_steps=0))
     c.platforms = ("desktop", "mobile")
     c.screen_width = 0           # 0 (both): each platform's small default (128x96 / 96x128)
     c.screen_height = 0

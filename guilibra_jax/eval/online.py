@@ -51,13 +51,17 @@ def run_episode(agent, platform: str, seed: int, *, max_steps: int = 15,
               "instruction": env.instruction, "success": env.success(), "steps": len(steps),
               "format": fmt, "needs_convention": env.needs_convention(fmt)}
     if save_dir is not None:
-        d = os.path.join(save_dir, env.task_id)
-        os.makedirs(d, exist_ok=True)
-        for k, img in enumerate(shots):
-            img.save(os.path.join(d, f"step_{k:02d}.png"))
-        with open(os.path.join(d, "trajectory.json"), "w", encoding="utf-8") as f:
-            json.dump({**result, "trajectory": steps}, f, indent=1)
+        save_episode(os.path.join(save_dir, env.task_id), shots, result, steps)
     return result
+
+
+def save_episode(folder: str, shots, result: dict[str, Any], steps: list[dict[str, Any]]) -> None:
+    """``folder/step_KK.png`` per screenshot (00 is the start) and ``trajectory.json``."""
+    os.makedirs(folder, exist_ok=True)
+    for k, img in enumerate(shots):
+        img.save(os.path.join(folder, f"step_{k:02d}.png"))
+    with open(os.path.join(folder, "trajectory.json"), "w", encoding="utf-8") as f:
+        json.dump({**result, "trajectory": steps}, f, indent=1)
 
 
 def _rate(results: list[dict[str, Any]]) -> float | None:
