@@ -6,6 +6,8 @@ starting from the ASFT demo's export (run ``make demo`` first):
 
 The frozen reference is the starting (SFT) policy. ``:smoke`` runs a few steps of a
 random tiny policy (tests).
+
+Hardware: 1 x CPU.
 """
 
 import os

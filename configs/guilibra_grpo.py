@@ -7,10 +7,12 @@ The frozen reference is the SFT checkpoint the policy starts from.
 
     python -m launch.train --config=configs/guilibra_grpo.py:qwen3_vl_8b --workdir=DIR \\
         --config.model.hf_path=/ckpt/guilibra-sft-8b --config.data.train_files='/data/rl/*.parquet'
+
+Hardware: 1 x 8 H100 80GB (one host), every size; see ``python -m launch.plan``.
 """
 
 from configs.guilibra_sft import RECIPES
-from guilibra_jax.train.config import base_config
+from guilibra_jax.train.config import H100_1x8, base_config, hardware
 
 
 def get_config(arg="qwen2_5_vl_3b"):
@@ -45,6 +47,7 @@ def get_config(arg="qwen2_5_vl_3b"):
     c.optim.schedule = "constant"
     c.optim.weight_decay = 0.0
     c.optim.clip_norm = 1.0
+    c.hardware = hardware(*H100_1x8)
     c.mesh.fsdp = fsdp
     c.mesh.tensor = tensor
     c.train.steps = 2500          # 40K RL states / 16 per step

@@ -5,9 +5,12 @@ direct-action data 1:1, alpha_a = 2, alpha_g = 4 (the paper's per-sample normali
 
     python -m launch.train --config=configs/guilibra_sft.py:qwen2_5_vl_3b --workdir=DIR \\
         --config.model.hf_path=/models/Qwen2.5-VL-3B-Instruct --config.data.train_files=...
+
+Hardware: 1 x 8 H100 80GB (one host), every size; ``python -m launch.plan --config=configs/guilibra_sft.py:ARG``
+prints the per-device memory.
 """
 
-from guilibra_jax.train.config import base_config
+from guilibra_jax.train.config import H100_1x8, base_config, hardware
 
 RECIPES = {
     # name: (family, fsdp, tensor)
@@ -43,6 +46,7 @@ def get_config(arg="qwen2_5_vl_3b"):
     c.optim.warmup_steps = 20
     c.optim.weight_decay = 0.0
     c.optim.clip_norm = 1.0
+    c.hardware = hardware(*H100_1x8)
     c.mesh.data = -1
     c.mesh.fsdp = fsdp
     c.mesh.tensor = tensor

@@ -22,13 +22,16 @@ Recipes (``:arg``):
 
 ``data.train_files`` / ``data.eval_files`` point at ``runs/miniwob_demos``; override both to
 use another folder. Online RL in the browser (``envs.miniwob.pool``) comes with the RL loop.
+
+Hardware: 1 x CPU (``cpu``, ``smoke``); 1 x 8 H100 80GB (the Qwen-VL sizes).
 """
 
 from configs import demo
-from guilibra_jax.train.config import base_config
+from guilibra_jax.train.config import H100_1x8, base_config, hardware
 
 DEMOS = "runs/miniwob_demos"
 GPU = {"qwen2_5_vl_3b": "qwen2_5_vl", "qwen3_vl_4b": "qwen3_vl"}
+ARGS = ("cpu", "smoke", "qwen2_5_vl_3b", "qwen3_vl_4b")
 
 
 def _demo_data(c) -> None:
@@ -70,6 +73,7 @@ def get_config(arg="cpu"):
     c.optim.lr = 1e-5
     c.optim.schedule = "cosine"
     c.optim.warmup_steps = 20
+    c.hardware = hardware(*H100_1x8)
     c.mesh.fsdp = 8
     c.train.steps = 300
     c.train.checkpoint_every = 100

@@ -5,19 +5,27 @@ K3 clamped to 10, beta 0.01, group advantages without std normalisation, clip 0.
 0.28 high, lr 1e-6, KL mask off above pass rate 0.1, advantages zeroed below 0.01,
 responses <= 512 tokens, one epoch.
 
-    python -m launch.train --config=configs/mopd.py --workdir=DIR \\
+    python -m launch.train --config=configs/mopd.py:8x8 --workdir=DIR \\
         --config.model.hf_path=/models/Qwen3-VL-8B-Thinking --config.data.train_files=/data/uni-gui \\
         --config.rl.teachers.desktop=/ckpt/teacher-desktop --config.rl.teachers.mobile=/ckpt/teacher-mobile
+
+Layouts (``:arg``): ``8x8`` (default): the paper's 64 H100 80GB (8 hosts x 8); ``1x8``: one
+host of 8 H100 80GB. ``python -m launch.plan --config=configs/mopd.py:ARG`` prints what each
+needs per device.
+
+Hardware: 8 x 8 H100 80GB (``:8x8``, the paper) or 1 x 8 H100 80GB (``:1x8``).
 """
 
 import ml_collections as mlc
 
-from guilibra_jax.train.config import base_config
+from guilibra_jax.train.config import H100_1x8, H100_8x8, base_config, hardware
+
+ARGS = ("8x8", "1x8")
 
 
-def get_config(arg=None):
-    if arg:
-        raise ValueError(f"configs/mopd.py takes no argument, got {arg!r}")
+def get_config(arg="8x8"):
+    if arg not in ARGS:
+        raise ValueError(f"configs/mopd.py: unknown layout {arg!r}; expected one of {ARGS}")
     c = base_config()
     c.method = "mopd"
     c.model.name = "qwen3_vl_8b"
@@ -42,8 +50,13 @@ def get_config(arg=None):
     c.rl.score_chunk = 1024
     c.optim.lr = 1e-6
     c.optim.schedule = "constant"
-    c.mesh.fsdp = 8
-    c.mesh.tensor = 4
+    c.rl.teacher_model_name = "qwen3_vl_32b"   # what launch.plan assumes while rl.teachers are unset
+    if arg == "8x8":
+        c.hardware = hardware(*H100_8x8)
+        c.mesh.fsdp, c.mesh.tensor = 16, 4
+    else:
+        c.hardware = hardware(*H100_1x8)
+        c.mesh.fsdp, c.mesh.tensor = 8, 1
     c.train.steps = 1000
     c.train.log_every = 1
     c.train.checkpoint_every = 50

@@ -10,6 +10,8 @@
 
 All three share the desktop teacher's tokenizer. ``--config.rl.teachers.*`` and
 ``--config.model.hf_path`` point elsewhere when the runs live elsewhere (``ROOT`` below).
+
+Hardware: 1 x CPU.
 """
 
 import ml_collections as mlc

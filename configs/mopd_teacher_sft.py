@@ -3,9 +3,11 @@ Qwen3-VL tool-call format (METHOD.md section 3). Arg: desktop | mobile.
 
     python -m launch.train --config=configs/mopd_teacher_sft.py:mobile --workdir=DIR \\
         --config.model.hf_path=/models/Qwen3-VL-32B-Thinking --config.data.train_files=/data/uni-gui/mobile
+
+Hardware: 1 x 8 H100 80GB (one host, as the release).
 """
 
-from guilibra_jax.train.config import base_config
+from guilibra_jax.train.config import H100_1x8, base_config, hardware
 
 
 def get_config(arg="desktop"):
@@ -29,7 +31,8 @@ def get_config(arg="desktop"):
     c.loss.normalize = "token"
     c.optim.lr = 1e-5
     c.optim.warmup_steps = 20
+    c.hardware = hardware(*H100_1x8)   # the release: 1 node x 8 GPUs
     c.mesh.fsdp = 8
-    c.mesh.tensor = 4
+    c.mesh.tensor = 1
     c.train.steps = 1000
     return c

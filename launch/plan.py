@@ -1,5 +1,5 @@
-r"""Will a recipe fit? ``python -m launch.plan --config=configs/X.py[:arg] --devices=N
-[--hosts=H] [--device_memory_gib=80] [--out=plan.json]``
+r"""Will a recipe fit? ``python -m launch.plan --config=configs/X.py[:arg] [--devices=N]
+[--hosts=H] [--device_memory_gib=80] [--out=plan.json]`` (defaults: the recipe's ``hardware``)
 
 On this machine's CPU, with N fake devices, builds the recipe's mesh, lowers and compiles
 ahead of time, at the recipe's real shapes and from abstract arrays (nothing allocated),
@@ -18,9 +18,29 @@ import os
 import sys
 
 
+def _recipe_hardware(argv):
+    """The recipe's ``hardware`` (read before jax starts: configs import no jax)."""
+    spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+    if not spec:
+        return None
+    import importlib.util
+    path, _, arg = spec.partition(":")
+    try:
+        module_spec = importlib.util.spec_from_file_location("_plan_recipe", path)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        config = module.get_config(arg) if arg else module.get_config()
+        return config.hardware
+    except Exception:  # noqa: BLE001  (absl reports a bad --config properly later)
+        return None
+
+
 def _early_devices(argv) -> None:
-    """Fake CPU devices must be set before jax starts."""
+    """Fake CPU devices must be set before jax starts: --devices, else the recipe's hardware."""
     n = next((a.split("=", 1)[1] for a in argv if a.startswith("--devices=")), None)
+    if n is None and "--help" not in argv:
+        hw = _recipe_hardware(argv)
+        n = hw.hosts * hw.devices_per_host if hw is not None else None
     if n:
         flags = os.environ.get("XLA_FLAGS", "")
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={int(n)}".strip()
@@ -38,12 +58,14 @@ from ml_collections import config_flags  # noqa: E402
 from launch import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Recipe file: configs/X.py[:arg].", lock_config=True)
-_DEVICES = flags.DEFINE_integer("devices", None, "Devices of the run (all hosts together).")
-_HOSTS = flags.DEFINE_integer("hosts", 1, "Processes (hosts) of the run.")
-_MEMORY = flags.DEFINE_float("device_memory_gib", 80.0, "Memory of one device (H100 80GB: 80).")
+_DEVICES = flags.DEFINE_integer("devices", None, "Devices of the run, all hosts together (default: the recipe's "
+                                "hardware.hosts * hardware.devices_per_host).")
+_HOSTS = flags.DEFINE_integer("hosts", None, "Processes (hosts) of the run (default: the recipe's hardware.hosts).")
+_MEMORY = flags.DEFINE_float("device_memory_gib", None, "Memory of one device, e.g. 80 for an H100 80GB "
+                             "(default: the recipe's hardware.device_memory_gib; 0 = unknown).")
 _OUT = flags.DEFINE_string("out", "", "Also write the report as JSON here.")
 _WORKDIR = flags.DEFINE_string("workdir", "", "Where a demo recipe builds its tokenizer (default: a temp dir).")
-flags.mark_flags_as_required(["config", "devices"])
+flags.mark_flags_as_required(["config"])
 
 
 def main(argv):
@@ -54,7 +76,12 @@ def main(argv):
 
     config = _CONFIG.value
     run_config.validate(config, planning=True)
-    report = PLAN.plan_config(config, _DEVICES.value, _HOSTS.value, _MEMORY.value, _WORKDIR.value)
+    hw = config.hardware
+    devices = _DEVICES.value or hw.hosts * hw.devices_per_host
+    hosts = _HOSTS.value or hw.hosts
+    memory = _MEMORY.value if _MEMORY.value is not None else (hw.device_memory_gib or None)
+    print(f"planning for {devices} devices on {hosts} host(s) (recipe hardware: {hw.name})")
+    report = PLAN.plan_config(config, devices, hosts, memory, _WORKDIR.value)
     print(PLAN.format_report(report))
     if _OUT.value:
         with open(_OUT.value, "w") as f:

@@ -83,6 +83,9 @@ def base_config() -> mlc.ConfigDict:
         score_chunk=0,       # vocabulary projection over T-chunks of this size when scoring (0 = off)
     ))
     c.mesh = mlc.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+    # What the recipe is sized for: launch.plan's defaults (devices = hosts * devices_per_host,
+    # device_memory_gib; 0 = unknown, e.g. a CPU). The mesh must divide hosts * devices_per_host.
+    c.hardware = mlc.ConfigDict(dict(name="1 x CPU", hosts=1, devices_per_host=1, device_memory_gib=0.0))
     c.train = mlc.ConfigDict(dict(
         steps=100, grad_accum=1, log_every=10, checkpoint_every=100, keep_checkpoints=2,
         async_checkpoints=True, eval_every=0, eval_samples=64, eval_max_new_tokens=96,
@@ -100,6 +103,16 @@ def base_config() -> mlc.ConfigDict:
     c.distributed = mlc.ConfigDict(dict(coordinator_address="", num_processes=0, process_id=-1,
                                         local_device_ids=""))
     return c
+
+
+def hardware(name: str, hosts: int, devices_per_host: int, device_memory_gib: float) -> mlc.ConfigDict:
+    """A recipe's ``hardware`` entry, e.g. ``hardware("1 x 8 H100 80GB", 1, 8, 80)``."""
+    return mlc.ConfigDict(dict(name=name, hosts=hosts, devices_per_host=devices_per_host,
+                               device_memory_gib=float(device_memory_gib)))
+
+
+H100_1x8 = ("1 x 8 H100 80GB", 1, 8, 80)
+H100_8x8 = ("8 x 8 H100 80GB", 8, 8, 80)
 
 
 def load_run_config(workdir: str) -> mlc.ConfigDict:
@@ -127,13 +140,14 @@ def _fail(key: str, value: Any, expected: str) -> None:
 
 def validate(c: mlc.ConfigDict, *, planning: bool = False) -> None:
     """Check values before anything heavy starts; errors name the key. ``planning``
-    (launch.plan): data files and frozen-model folders may still be unset."""
+    (launch.plan): data files and model folders may not exist yet (a recipe that starts from
+    an earlier run's output is planned before that run)."""
     if c.method not in METHODS:
         _fail("method", c.method, f"one of {METHODS}")
     if c.method != "sft":
         _validate_rl(c, planning)
     m = c.model
-    if m.hf_path and not os.path.isdir(m.hf_path):
+    if m.hf_path and not os.path.isdir(m.hf_path) and not planning:
         _fail("model.hf_path", m.hf_path, "an existing local Hugging Face folder")
     for key in ("dtype", "param_dtype"):
         if m[key] not in ("float32", "bfloat16", "float16"):
@@ -176,6 +190,10 @@ def validate(c: mlc.ConfigDict, *, planning: bool = False) -> None:
     for axis in ("data", "fsdp", "tensor"):
         if c.mesh[axis] == 0 or c.mesh[axis] < -1:
             _fail(f"mesh.{axis}", c.mesh[axis], "a positive size or -1")
+    hw = c.hardware
+    if hw.hosts < 1 or hw.devices_per_host < 1 or hw.device_memory_gib < 0:
+        _fail("hardware", hw.to_dict(), "hosts >= 1, devices_per_host >= 1, device_memory_gib >= 0")
+
     if t.tensorboard not in ("auto", True, False) or isinstance(t.tensorboard, int) and not isinstance(
             t.tensorboard, bool):
         _fail("train.tensorboard", t.tensorboard, "'auto' (when tensorboardX is installed), True or False")
@@ -226,7 +244,7 @@ def _validate_rl(c: mlc.ConfigDict, planning: bool = False) -> None:
             _fail("rl.kl_beta", r.kl_beta, ">= 0 (the conservative recipe uses > 0)")
         if r.sngs.signal not in ("mean_reward", "success_rate"):
             _fail("rl.sngs.signal", r.sngs.signal, "mean_reward or success_rate")
-        if r.reference and not _frozen_spec_ok(r.reference):
+        if r.reference and not _frozen_spec_ok(r.reference) and not planning:
             _fail("rl.reference", r.reference, "an existing HF folder, training workdir or random:<seed>")
         if c.data.method != "guilibra":
             _fail("data.method", c.data.method, "guilibra for method=grpo (GUI-Libra rewards)")
@@ -234,7 +252,7 @@ def _validate_rl(c: mlc.ConfigDict, planning: bool = False) -> None:
         if not r.teachers:
             _fail("rl.teachers", dict(r.teachers), "a mapping platform label -> teacher folder")
         for label, path in r.teachers.items():
-            if not _frozen_spec_ok(path) and not (planning and not path):
+            if not _frozen_spec_ok(path) and not planning:
                 _fail(f"rl.teachers.{label}", path, "an existing HF folder, training workdir or random:<seed>")
         if r.mopd.kl_mask not in ("off", "paper", "release"):
             _fail("rl.mopd.kl_mask", r.mopd.kl_mask, "off (release script), paper or release")

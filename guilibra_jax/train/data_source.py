@@ -127,7 +127,8 @@ def data_config(config, files: list[str], *, for_eval: bool = False) -> dict:
     return dict(
         inputs=tuple(files), format=d.format, method=d.method, image_root=d.image_root or None,
         system_prompt=d.system_prompt or None,
-        batch_size=d.batch_size if for_eval else per_process_batch(config), seq_buckets=buckets, max_length=d.max_length, patch_bucket=d.patch_bucket,
+        batch_size=d.batch_size if for_eval else per_process_batch(config), seq_buckets=buckets,
+        max_length=d.max_length, patch_bucket=d.patch_bucket,
         min_pixels=d.min_pixels or None, max_pixels=d.max_pixels or None, mix=mix if not for_eval else "reasoning",
         pack=d.pack and not for_eval, seed=d.seed, shuffle=True, num_epochs=1 if for_eval else None,
         drop_remainder=not for_eval, num_workers=0 if for_eval else d.workers,
@@ -211,10 +212,12 @@ def constant_baseline(train_targets: list[R.Target], eval_targets: list[R.Target
     return best
 
 
-def make_evaluator(config, tokenizer, model_config, graphdef, workdir: str):
+def make_evaluator(config, tokenizer, model_config, graphdef, workdir: str, mesh=None):
     """A callable (params, step) -> metrics: greedy responses on held-out steps scored
     with the GUI-Libra verifier (step accuracy = r_act * r_val * r_g), per platform,
-    next to the best constant-action baseline."""
+    next to the best constant-action baseline. With several processes (``mesh`` given)
+    each process decodes its share of the held-out prompts as rows of global arrays and
+    the results are gathered (a collective: every process calls it)."""
     from guilibra_jax import generate as G
     from guilibra_jax.data.pipeline import make_rl_loader
     from guilibra_jax.envs.export import load_records
@@ -235,26 +238,54 @@ def make_evaluator(config, tokenizer, model_config, graphdef, workdir: str):
     train_targets = [r.reward_target() for f in train_files(config, workdir) for r in load_records(f)]
     baseline_cache: dict[str, float] = {}
 
+    procs = jax.process_count()
+    if procs > 1:
+        eval_cfg["batch_size"] = max(1, eval_cfg["batch_size"] // procs)
+
+    def decode(params, batch):
+        """(tokens, lengths) of this process's rows, greedy."""
+        inputs = {k: batch[k] for k in ("prompt_ids", "prompt_mask", "positions", "rope_deltas")}
+        vision = device_vision_inputs(batch["vision"]) if batch.get("vision") else None
+        if procs == 1:
+            out = G.generate(graphdef, params, *inputs.values(), batch.get("pixel_values"), vision,
+                             jax.random.PRNGKey(0), sampling)
+            return jax.device_get((out.tokens, out.lengths))
+        from guilibra_jax.train import multihost as MH
+        from guilibra_jax.train.batching import put_batch
+        if batch.get("pixel_values") is not None:
+            inputs.update(pixel_values=batch["pixel_values"], vision=vision)
+        g = put_batch(inputs, mesh, micro_axis=False, model_config=model_config)
+        out = G.generate(graphdef, params, g["prompt_ids"], g["prompt_mask"], g["positions"], g["rope_deltas"],
+                         g.get("pixel_values"), g.get("vision"), jax.random.PRNGKey(0), sampling)
+        return MH.local_rows(out.tokens, mesh), MH.local_rows(out.lengths, mesh)
+
     def evaluate(params, step: int) -> dict:
-        loader = make_rl_loader(eval_cfg, tokenizer, model_config, shard_index=0, shard_count=1)
+        from guilibra_jax.train import multihost as MH
+        loader = make_rl_loader(eval_cfg, tokenizer, model_config, shard_index=jax.process_index(),
+                                shard_count=procs)
         rows: list[tuple[str, R.GuiLibraReward, str, R.Target]] = []
         for batch in loader:
-            out = G.generate(graphdef, params, batch["prompt_ids"], batch["prompt_mask"], batch["positions"],
-                             batch["rope_deltas"], batch.get("pixel_values"),
-                             device_vision_inputs(batch["vision"]) if batch.get("vision") else None,
-                             jax.random.PRNGKey(0), sampling)
-            tokens, lengths = jax.device_get((out.tokens, out.lengths))
+            tokens, lengths = decode(params, batch)
             for i, target in enumerate(batch["reward_targets"]):
                 if target is None or not batch["row_valid"][i]:
                     continue
                 text = G.decode_response(tokenizer, tokens[i, :lengths[i]], stop)
                 r = R.guilibra_reward(text, target, coord_space=space, resized_size=resized(target.image_size))
                 rows.append((batch["platform"][i], r, text, target))
-            if len(rows) >= config.train.eval_samples:
+            if MH.gather_counts(len(rows)).sum() >= config.train.eval_samples:
                 break
+        local_targets = [r[3] for r in rows]    # the constant baseline: this process's share
+        if procs > 1:   # every process's rows, in process order (texts: process 0's only)
+            scores = MH.gather_rows(np.array([[r[1].accuracy, r[1].action_type, r[1].format] for r in rows],
+                                             np.float64).reshape(-1, 3))
+            platforms = MH.gather_strings([r[0] for r in rows])
+            rows = [(p, R.GuiLibraReward(format=s[2], action_type=s[1], value=0.0, grounding=0.0, accuracy=s[0],
+                                         total=0.0), rows[i][2] if i < len(rows) else "", None)
+                    for i, (p, s) in enumerate(zip(platforms, scores))]
         rows = rows[:config.train.eval_samples]
         if "value" not in baseline_cache:
-            baseline_cache["value"] = constant_baseline(train_targets, [r[3] for r in rows], space, resized)
+            baseline_cache["value"] = constant_baseline(train_targets, local_targets[:config.train.eval_samples],
+                                                        space, resized)
         metrics = {"eval/samples": len(rows), "eval/constant_baseline_step_acc": baseline_cache["value"]}
         for name, group in [("all", rows)] + [(p, [r for r in rows if r[0] == p]) for p in sorted({r[0] for r in rows})]:
             if not group:
@@ -263,7 +294,7 @@ def make_evaluator(config, tokenizer, model_config, graphdef, workdir: str):
             metrics[prefix + "step_acc"] = float(np.mean([r[1].accuracy for r in group]))
             metrics[prefix + "action_type_acc"] = float(np.mean([r[1].action_type for r in group]))
             metrics[prefix + "format"] = float(np.mean([r[1].format for r in group]))
-        if rows:
+        if rows and jax.process_index() == 0:
             with open(os.path.join(workdir, f"eval_samples_step{step}.jsonl"), "w") as f:
                 for platform, r, text, _ in rows[:16]:
                     f.write(json.dumps({"platform": platform, "response": text, "accuracy": r.accuracy}) + "\n")

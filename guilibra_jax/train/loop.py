@@ -116,7 +116,8 @@ def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict
         C.write_json(os.path.join(workdir, "config.json"), config.to_dict())
     compilation_cache.enable(config.train.compilation_cache_dir, workdir)
 
-    mesh = S.make_mesh(dict(config.mesh))
+    mesh = MH.run_mesh(config)
+    data_source.per_process_batch(config)   # bad batch / process counts fail before any model
     tokenizer = data_source.prepare_tokenizer(config, workdir)
     model, model_config = model_factory.build_model(config, tokenizer, mesh=mesh)
     graphdef, pstate, rest = nnx.split(model, nnx.Param, ...)
@@ -151,7 +152,7 @@ def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict
     writer = writer_for_run(config, workdir, enabled=is_main)
     progress = Progress(tc.steps, start, enabled=is_main and tc.progress)
     profiler = StepProfiler(workdir, tc.profile_steps, enabled=is_main)
-    evaluator = data_source.make_evaluator(config, tokenizer, model_config, graphdef, workdir) \
+    evaluator = data_source.make_evaluator(config, tokenizer, model_config, graphdef, workdir, mesh) \
         if tc.eval_every > 0 else None
     divergence = Divergence(tc.max_skipped_updates, ckpt.latest_step)
     last_row: dict = {}

@@ -16,6 +16,17 @@ import numpy as np
 from guilibra_jax import sharding as S
 
 
+def run_mesh(config):
+    """The run's mesh (config.mesh over every device of every process); a ConfigError naming
+    the key when the axes do not divide the devices."""
+    from guilibra_jax.errors import ConfigError
+    try:
+        return S.make_mesh(dict(config.mesh))
+    except ValueError as e:
+        raise ConfigError(f"config key mesh = {dict(config.mesh)} is invalid for the {jax.device_count()} devices "
+                          f"of this run ({jax.process_count()} processes): {e}") from None
+
+
 def _allgather(x: np.ndarray) -> np.ndarray:
     """[process_count, *x.shape]: x of every process, in process order."""
     from jax.experimental import multihost_utils

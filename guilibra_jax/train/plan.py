@@ -295,10 +295,8 @@ def plan_config(config, devices: int, hosts: int = 1, device_memory_gib: float |
     if config.data.batch_size % hosts:
         raise ConfigError(f"config key data.batch_size = {config.data.batch_size} is invalid: expected a multiple of "
                           f"--hosts={hosts}")
-    try:
-        mesh = S.make_mesh(dict(config.mesh))
-    except ValueError as e:
-        raise ConfigError(f"config key mesh = {dict(config.mesh)} is invalid for {devices} devices: {e}") from None
+    from guilibra_jax.train.multihost import run_mesh
+    mesh = run_mesh(config)
     tokenizer = _tokenizer(config, workdir)
     if config.method == "sft":
         return _plan_sft(config, mesh, tokenizer, device_memory_gib, hosts)

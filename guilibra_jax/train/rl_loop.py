@@ -426,7 +426,8 @@ def train_rl(config, workdir: str) -> dict:
     os.makedirs(workdir, exist_ok=True)
     if is_main:
         C.write_json(os.path.join(workdir, "config.json"), config.to_dict())
-    mesh = S.make_mesh(dict(config.mesh))
+    mesh = MH.run_mesh(config)
+    data_source.per_process_batch(config)   # bad batch / process counts fail before any model
     tokenizer = data_source.prepare_tokenizer(config, workdir)
     s, state, state_sh = setup(config, mesh, tokenizer)
 
@@ -444,7 +445,7 @@ def train_rl(config, workdir: str) -> dict:
     writer = writer_for_run(config, workdir, enabled=is_main)
     progress = Progress(tc.steps, start, enabled=is_main and tc.progress)
     profiler = StepProfiler(workdir, tc.profile_steps, enabled=is_main)
-    evaluator = (data_source.make_evaluator(config, tokenizer, s.model_config, s.graphdef, workdir)
+    evaluator = (data_source.make_evaluator(config, tokenizer, s.model_config, s.graphdef, workdir, mesh)
                  if tc.eval_every > 0 and config.method == "grpo" else None)
     if evaluator is not None and start == 0:   # the starting (SFT) policy, for comparison
         writer.write(0, evaluator(state["params"], 0))

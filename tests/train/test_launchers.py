@@ -49,8 +49,10 @@ def test_print_only_prints_the_validated_config_and_exits(tmp_path):
     out = _run("launch.train", "--config=configs/demo.py:smoke", f"--workdir={workdir}",
                "--config.print_only=True", "--config.train.steps=7")
     assert out.returncode == 0, out.stderr[-2000:]
-    config = json.loads(out.stdout[:out.stdout.rindex("}") + 1])
+    config, end = json.JSONDecoder().raw_decode(out.stdout)
     assert config["train"]["steps"] == 7 and config["data"]["synthetic"]["enabled"] is True
+    plan = out.stdout[end:]          # then the memory plan on this machine's devices
+    assert "asft_step" in plan and "peak (asft_step)" in plan and "fits:" in plan, plan
     assert not workdir.exists()
     out = _run("launch.train", "--config=configs/demo.py:smoke", "--dry_run", "--config.loss.normalize=batch")
     assert out.returncode == 2 and "loss.normalize" in out.stderr and "Traceback" not in out.stderr

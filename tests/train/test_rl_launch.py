@@ -65,8 +65,6 @@ def test_grpo_kill_9_then_rerun_matches_uninterrupted(tmp_path):
             np.testing.assert_allclose(resumed[step][key], ref[step][key], rtol=1e-5, atol=1e-7,
                                        err_msg=f"step {step} {key}")
     assert os.path.exists(os.path.join(full, "export", "model.safetensors"))
-    plan = json.load(open(os.path.join(full, "memory_plan.json")))
-    assert plan["frozen_reference"] > 0 and plan["kv_cache"] > 0
 
 
 def test_mopd_routes_rollouts_to_two_teachers(tmp_path):
@@ -76,6 +74,7 @@ def test_mopd_routes_rollouts_to_two_teachers(tmp_path):
     student = str(tmp_path / "student")
     launch(student, ["--config=configs/grpo_demo.py:smoke", "--config.method=mopd", "--config.data.method=mopd",
                      "--config.data.synthetic.tasks=8", "--config.train.steps=2", "--config.rl.top_p=1.0",
+                     "--config.train.memory_plan=True",
                      f"--config.tokenizer.path={teacher}/tokenizer",
                      f"--config.rl.teachers={{'desktop': '{teacher}', 'mobile': '{teacher}/export'}}"])
     got = rows(student)
@@ -83,5 +82,8 @@ def test_mopd_routes_rollouts_to_two_teachers(tmp_path):
     for row in got.values():
         assert {"desktop/reward_mean", "mobile/reward_mean", "kl_mask_on_fraction", "kl"} <= set(row)
         assert -1.0 <= row["reward_mean"] <= 1.0
-    plan = json.load(open(os.path.join(student, "memory_plan.json")))
-    assert plan["frozen_teacher_desktop"] > 0 and plan["frozen_teacher_mobile"] > 0
+    plan = json.load(open(os.path.join(student, "memory_plan.json")))   # compiled on this run's devices
+    gib = plan["per_device_gib"]
+    assert gib["frozen_desktop"] > 0 and gib["frozen_mobile"] > 0 and gib["policy_params"] > 0
+    assert {"update", "sampler", "score_policy", "score_desktop", "score_mobile"} <= set(plan["programs"])
+    assert plan["programs"]["update"]["temp"] > 0 and plan["fits"] is None   # CPU: device memory unknown

@@ -170,3 +170,13 @@ def test_non_finite_updates_stop_the_run_naming_the_steps(tmp_path):
     assert codes[0] != 0, text
     assert "training diverged: 3 consecutive non-finite updates" in text and "train.max_skipped_updates = 3" in text
     assert "Latest complete checkpoint: step" in text
+
+
+def test_more_processes_than_prompts_is_named_before_any_model(tmp_path):
+    workdir = str(tmp_path / "few")
+    procs = start(workdir, GRPO + ["--config.data.batch_size=1"], processes=2, devices=1)
+    codes = finish(workdir, procs)
+    text = logs(workdir, 2)
+    assert codes == [2, 2], text
+    assert "config key data.batch_size = 1 is invalid: expected a multiple of the process count 2" in text
+    assert "Traceback" not in text and "parameters" not in text
