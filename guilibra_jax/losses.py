@@ -154,15 +154,19 @@ def kl_penalty(logp: Array, ref_logp: Array, kind: str, clamp: float | None = No
     return kl
 
 
-def group_advantages(rewards: Array, *, normalize_std: bool = True, eps: float = 1e-6) -> Array:
+def group_advantages(rewards: Array, *, normalize_std: bool = True, std_unbiased: bool = False,
+                     eps: float = 1e-6) -> Array:
     """Group-relative advantages [N, G] from rewards [N, G] (G responses per prompt):
-    (r - mean_g r) / (std_g r + eps) with the population std, or r - mean_g r
-    (UI-MOPD's release). A constant group gives zeros."""
+    (r - mean_g r) / (std_g r + eps), or r - mean_g r (UI-MOPD's release). The std is the
+    population std (divides by G; the paper's formula) or, with ``std_unbiased``, the
+    sample std (divides by G - 1; ``torch.std``'s default, which GUI-Libra's EasyR1 run
+    uses). A constant group gives zeros."""
     r = _float(rewards)
     centred = r - jnp.mean(r, axis=-1, keepdims=True)
     if not normalize_std:
         return centred
-    return centred / (jnp.std(r, axis=-1, keepdims=True) + eps)
+    std = jnp.std(r, axis=-1, keepdims=True, ddof=1 if std_unbiased else 0)
+    return centred / (std + eps)
 
 
 def sngs_scale(advantages: Array, group_signal: Array, *, lambda0: float = 0.5,
@@ -211,9 +215,12 @@ def _token_mean(x, on):
     return _safe_div(jnp.sum(jnp.where(on, x, 0.0)), jnp.sum(on.astype(jnp.float32)))
 
 
-def _clipped_pg(logp, old_logp, advantages, mask, clip_low, clip_high):
+def _clipped_pg(logp, old_logp, advantages, mask, clip_low, clip_high, dual_clip=None):
     """Per-token PPO clipped surrogate -min(ρA, clip(ρ, 1-clip_low, 1+clip_high) A) [B, T],
-    with ρ [B, T], the clipped-branch indicator [B, T] and the mask as bool [B, T]."""
+    with ρ [B, T], the clipped-branch indicator [B, T] and the mask as bool [B, T].
+    dual_clip c (> 1, or None): where A < 0 the loss is further capped at -c·A (dual-clip
+    PPO, Ye et al. 2020; EasyR1's clip_ratio_dual, veRL's clip_ratio_c), so a token whose
+    ratio exceeds c has zero gradient."""
     if logp.ndim != 2 or logp.shape != old_logp.shape or logp.shape != mask.shape:
         raise ValueError(f"expected logp, old_logp, mask of one shape [B, T]; got "
                          f"{logp.shape}, {old_logp.shape}, {mask.shape}")
@@ -226,28 +233,31 @@ def _clipped_pg(logp, old_logp, advantages, mask, clip_low, clip_high):
     pg = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv)
     # Where the clipped branch is the minimum, the token's gradient is zero.
     clipped = ((adv > 0) & (ratio > 1.0 + clip_high)) | ((adv < 0) & (ratio < 1.0 - clip_low))
+    if dual_clip is not None:
+        pg = jnp.where(adv < 0, jnp.minimum(pg, -dual_clip * adv), pg)
+        clipped = clipped | ((adv < 0) & (ratio > dual_clip))
     return pg, ratio, clipped & on, on
 
 
 def _grpo_parts(logp, old_logp, ref_logp, advantages, mask, clip_low, clip_high, kl_kind,
-                kl_clamp):
-    pg, ratio, clipped, on = _clipped_pg(logp, old_logp, advantages, mask, clip_low, clip_high)
+                kl_clamp, dual_clip=None):
+    pg, ratio, clipped, on = _clipped_pg(logp, old_logp, advantages, mask, clip_low, clip_high, dual_clip)
     kl = kl_penalty(jnp.where(on, logp, 0.0), jnp.where(on, ref_logp, 0.0), kl_kind, kl_clamp)
     return pg, kl, ratio, clipped, on
 
 
 def grpo_loss_terms(logp, old_logp, ref_logp, advantages, mask, *, clip_low=0.2,
                     clip_high=0.2, kl_beta=0.001, kl_kind="k3", kl_clamp=None,
-                    aggregation="token_mean") -> tuple[Array, Array]:
+                    aggregation="token_mean", dual_clip=None) -> tuple[Array, Array]:
     """(numerator, denominator) of `grpo_loss`; sum both over micro-batches, then divide."""
     pg, kl, *_ = _grpo_parts(logp, old_logp, ref_logp, advantages, mask, clip_low, clip_high,
-                             kl_kind, kl_clamp)
+                             kl_kind, kl_clamp, dual_clip)
     return aggregate_terms(pg + kl_beta * kl, mask, aggregation)
 
 
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2,
               kl_beta=0.001, kl_kind="k3", kl_clamp=None,
-              aggregation="token_mean") -> tuple[Array, dict]:
+              aggregation="token_mean", dual_clip=None) -> tuple[Array, dict]:
     """GUI-Libra's conservative GRPO loss. Returns (loss, aux).
 
     logp, old_logp, ref_logp [B, T]: log-probs of the sampled tokens under the current,
@@ -255,12 +265,13 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, *, clip_low=0.2, clip_
     Per token pg = -min(ρA, clip(ρ, 1 - clip_low, 1 + clip_high) A), ρ = exp(logp - old_logp);
     loss = agg(pg) + kl_beta * agg(kl_penalty(logp, ref_logp, kl_kind, kl_clamp)), agg one
     of AGGREGATIONS (see `aggregate_terms`). The release (EasyR1 "low_var_kl") is k3 with
-    kl_clamp=10; see `kl_penalty` for what the k3 gradient estimates.
+    kl_clamp=10; see `kl_penalty` for what the k3 gradient estimates. dual_clip c caps the
+    loss of a negative-advantage token at -c·A (EasyR1 runs with c = 3; None: off).
     aux: loss, pg_loss, kl (aggregated, before kl_beta), clip_fraction (fraction of
     masked tokens on the clipped branch, whose gradient is zero), ratio_mean, n_tokens.
     """
     pg, kl, ratio, clipped, on = _grpo_parts(logp, old_logp, ref_logp, advantages, mask,
-                                             clip_low, clip_high, kl_kind, kl_clamp)
+                                             clip_low, clip_high, kl_kind, kl_clamp, dual_clip)
     pg_loss, kl_term = aggregate(pg, on, aggregation), aggregate(kl, on, aggregation)
     loss = pg_loss + kl_beta * kl_term
     aux = {"loss": loss, "pg_loss": pg_loss, "kl": kl_term,
@@ -270,8 +281,8 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, *, clip_low=0.2, clip_
 
 
 def _mopd_parts(logp, old_logp, teacher_logp, advantages, mask, kl_mask, clip_low, clip_high,
-                kl_clamp):
-    pg, ratio, clipped, on = _clipped_pg(logp, old_logp, advantages, mask, clip_low, clip_high)
+                kl_clamp, dual_clip=None):
+    pg, ratio, clipped, on = _clipped_pg(logp, old_logp, advantages, mask, clip_low, clip_high, dual_clip)
     # K3 with δ = teacher - student is kl_penalty(student, teacher, "k3").
     k3 = kl_penalty(jnp.where(on, logp, 0.0), jnp.where(on, teacher_logp, 0.0), "k3", kl_clamp)
     kl_on = _float(kl_mask)[:, None] > 0  # [B, 1]
@@ -280,23 +291,24 @@ def _mopd_parts(logp, old_logp, teacher_logp, advantages, mask, kl_mask, clip_lo
 
 def mopd_loss_terms(logp, old_logp, teacher_logp, advantages, mask, kl_mask, *, beta=0.01,
                     clip_low=0.2, clip_high=0.28, kl_clamp=10.0,
-                    aggregation="token_mean") -> tuple[Array, Array]:
+                    aggregation="token_mean", dual_clip=None) -> tuple[Array, Array]:
     """(numerator, denominator) of `mopd_loss`; sum both over micro-batches, then divide."""
     pg, kl, *_ = _mopd_parts(logp, old_logp, teacher_logp, advantages, mask, kl_mask, clip_low,
-                             clip_high, kl_clamp)
+                             clip_high, kl_clamp, dual_clip)
     return aggregate_terms(pg + beta * kl, mask, aggregation)
 
 
 def mopd_loss(logp, old_logp, teacher_logp, advantages, mask, kl_mask, *, beta=0.01,
               clip_low=0.2, clip_high=0.28, kl_clamp=10.0,
-              aggregation="token_mean") -> tuple[Array, dict]:
+              aggregation="token_mean", dual_clip=None) -> tuple[Array, dict]:
     """UI-MOPD's loss L = L_PG + beta * L_MOPD. Returns (loss, aux).
 
     logp, old_logp [B, T]: the student's (current, sampling) log-probs of its sampled
     tokens; teacher_logp [B, T]: the platform teacher's log-probs of the same tokens;
     advantages [B] (or [B, T]); mask [B, T] 0/1 response tokens; kl_mask [B] 0/1 (μ_g,
     0 for sequences of groups the student already solves).
-    L_PG: the PPO clipped surrogate of `grpo_loss` (asymmetric clip).
+    L_PG: the PPO clipped surrogate of `grpo_loss` (asymmetric clip; dual_clip as there,
+    the release's veRL run sets clip_ratio_c = 10).
     L_MOPD: per token K3 = exp(δ) - δ - 1, δ = teacher_logp - logp, clamped to
     [-kl_clamp, kl_clamp] and multiplied by its sequence's kl_mask, then aggregated like
     L_PG. With "token_mean" the denominator is all response tokens of the batch,
@@ -308,7 +320,7 @@ def mopd_loss(logp, old_logp, teacher_logp, advantages, mask, kl_mask, *, beta=0
     clip_fraction, ratio_mean, kl_mask_fraction (of sequences), n_tokens.
     """
     pg, kl, k3, ratio, clipped, on, kl_on = _mopd_parts(
-        logp, old_logp, teacher_logp, advantages, mask, kl_mask, clip_low, clip_high, kl_clamp)
+        logp, old_logp, teacher_logp, advantages, mask, kl_mask, clip_low, clip_high, kl_clamp, dual_clip)
     pg_loss, kl_loss = aggregate(pg, on, aggregation), aggregate(kl, on, aggregation)
     loss = pg_loss + beta * kl_loss
     aux = {"loss": loss, "pg_loss": pg_loss, "kl_loss": kl_loss, "kl": _token_mean(k3, kl_on),

@@ -65,6 +65,9 @@ def base_config() -> mlc.ConfigDict:
         ppo_epochs=1, minibatches=1,   # optimizer updates per rollout = ppo_epochs * minibatches
         clip_low=0.2, clip_high=0.2, aggregation="token_mean",
         normalize_std=True,  # group advantages (r - mean) / std; False: r - mean (UI-MOPD)
+        std_unbiased=False,  # that std divides by G - 1 (torch.std; GUI-Libra's EasyR1) instead of G
+        dual_clip=0.0,       # dual-clip PPO constant c > 1 capping -A*ratio for A < 0 (EasyR1 3.0,
+                             # UI-MOPD's veRL run 10.0); 0 = off
         kl_beta=0.001, kl_kind="k3", kl_clamp=10.0,   # GRPO's trust region; beta > 0 by design
         reference="",        # GRPO: frozen reference (HF folder or training workdir); "" = start policy
         sngs=dict(enabled=True, lambda0=0.5, kappa=1.5, signal="mean_reward"),  # or success_rate
@@ -171,6 +174,10 @@ def _validate_rl(c: mlc.ConfigDict) -> None:
         _fail("rl.top_p", r.top_p, "in (0, 1]")
     if r.aggregation not in AGGREGATIONS:
         _fail("rl.aggregation", r.aggregation, f"one of {AGGREGATIONS}")
+    if r.dual_clip != 0 and not r.dual_clip > 1.0:
+        _fail("rl.dual_clip", r.dual_clip, "0 (off) or a constant > 1 (the release uses 3.0)")
+    if not isinstance(r.std_unbiased, bool):
+        _fail("rl.std_unbiased", r.std_unbiased, "True or False")
     rows = c.data.batch_size * r.group_size
     if rows % (r.minibatches * c.train.grad_accum):
         _fail("rl.minibatches", r.minibatches, f"a divisor of data.batch_size * rl.group_size = {rows} "

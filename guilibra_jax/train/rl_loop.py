@@ -55,7 +55,8 @@ def advantages(rewards: np.ndarray, success: np.ndarray, group_size: int, method
     """
     r = RO.group_view(rewards, group_size)
     s = RO.group_view(success, group_size).astype(np.float32)
-    adv = np.asarray(losses.group_advantages(jnp.asarray(r), normalize_std=rl.normalize_std))
+    adv = np.asarray(losses.group_advantages(jnp.asarray(r), normalize_std=rl.normalize_std,
+                                             std_unbiased=rl.std_unbiased))
     n = r.shape[0]
     lam = np.ones(n, np.float32)
     kl_mask = np.ones(n, np.float32)
@@ -215,9 +216,10 @@ def train_rl(config, workdir: str) -> dict:
     coord_space = A.FAMILY_COORD_SPACE[model_config.family]
     chunk = rl.score_chunk or None
     loss_kwargs = (dict(clip_low=rl.clip_low, clip_high=rl.clip_high, kl_beta=rl.kl_beta, kl_kind=rl.kl_kind,
-                        kl_clamp=rl.kl_clamp or None, aggregation=rl.aggregation) if method == "grpo" else
+                        kl_clamp=rl.kl_clamp or None, aggregation=rl.aggregation,
+                        dual_clip=rl.dual_clip or None) if method == "grpo" else
                    dict(beta=rl.mopd.beta, clip_low=rl.clip_low, clip_high=rl.clip_high,
-                        kl_clamp=rl.kl_clamp or None, aggregation=rl.aggregation))
+                        kl_clamp=rl.kl_clamp or None, aggregation=rl.aggregation, dual_clip=rl.dual_clip or None))
     step_fn = make_rl_step(graphdef, tx, loss=method, loss_kwargs=loss_kwargs, temperature=rl.temperature,
                            chunk_size=chunk, banned_token_ids=banned, schedule=schedule)
     jit_update = jax.jit(step_fn, in_shardings=(state_sh, None), out_shardings=(state_sh, None), donate_argnums=0)
