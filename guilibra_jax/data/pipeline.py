@@ -25,6 +25,7 @@ from guilibra_jax.data import bad_records as B
 from guilibra_jax.data import collate as C
 from guilibra_jax.data import images as I
 from guilibra_jax.data import mixing as M
+from guilibra_jax.data import prompts as P
 from guilibra_jax.data import readers as R
 from guilibra_jax.data import samples as S
 from guilibra_jax.data import tokenize as T
@@ -46,6 +47,8 @@ class DataConfig:
     patch_bucket: int = 2048               # pixel_values rows rounded up to a multiple of this
     min_pixels: int | None = None          # image processor bounds (None: family default)
     max_pixels: int | None = None
+    pixels: Any = None                     # platform -> (min, max) pixels; 0 / unlisted: the two above
+    open_think: str = "auto"               # prompt ends with "<think>\n": auto (chat template) | on | off
     mix: Any = "both"                      # both | reasoning | direct | p (reasoning probability)
     include_action_target: bool = False
     system_prompt: str | None = None       # None: the method's own system turn; else a template
@@ -112,7 +115,7 @@ class SampleView:
 class EncodeSample:
     """grain map: (record, variant, where) -> Sample | Dropped."""
 
-    def __init__(self, spec: S.SampleSpec, tokenizer: Any, img_cfg: I.ImageProcessorConfig,
+    def __init__(self, spec: S.SampleSpec, tokenizer: Any, img_cfg: "I.ImageProcessorConfig | I.PlatformImageConfigs",
                  max_length: int | None, splits: Sequence[str] | None):
         self.spec, self.tokenizer, self.img_cfg = spec, tokenizer, img_cfg
         self.ids = T.SpecialIds.of(tokenizer)
@@ -209,9 +212,9 @@ def _make_loader(cfg: Any, tokenizer: Any, model_config: Any, rl: bool, shard_in
     ids = T.SpecialIds.of(tokenizer)
     ids.check_model(model_config)
     family = model_config.family
-    spec = S.SampleSpec(cfg.method, family, cfg.include_action_target, cfg.system_prompt or None)
-    img_cfg = I.processor_config(family, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels,
-                                 model_config=model_config)
+    spec = S.SampleSpec(cfg.method, family, cfg.include_action_target, cfg.system_prompt or None,
+                        generation_prefix=P.generation_prefix(cfg.open_think, tokenizer))
+    img_cfg = I.PixelBudgets.from_config(cfg.min_pixels, cfg.max_pixels, cfg.pixels).for_family(family, model_config)
     if source is None:
         source = R.open_source(cfg.inputs, cfg.format, image_root=cfg.image_root,
                                include_unused=cfg.include_unused)

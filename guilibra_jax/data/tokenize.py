@@ -28,16 +28,21 @@ PROMPT, REASONING, ACTION, GROUNDING = 0, 1, 2, 3
 SEGMENT_NAMES = {PROMPT: "prompt", REASONING: "reasoning", ACTION: "action", GROUNDING: "grounding"}
 
 _THINK_SPAN_RE = re.compile(r"\A\s*(<(think|thinking)>.*?</\2>)", re.DOTALL)
+_OPENED_THINK_SPAN_RE = re.compile(r"\A(.*?</(think|thinking)>)", re.DOTALL)
 _NUM = r"(-?\d+(?:\.\d+)?)"
 _POINT_RE = re.compile(r'"point_2d":\s*\[\s*' + _NUM + r"\s*,\s*" + _NUM + r"\s*\]")
 _COORD_RE = re.compile(r'"coordinate2?":\s*\[\s*' + _NUM + r"\s*,\s*" + _NUM + r"\s*\]")
 
 
-def target_char_segments(target: str, *, grounded: bool = True) -> np.ndarray:
+def target_char_segments(target: str, *, grounded: bool = True, think_opened: bool = False) -> np.ndarray:
     """Segment id of every character of a target text (see module doc). ``grounded``
-    False (an action without a point) leaves point_2d numbers in ACTION."""
+    False (an action without a point) leaves point_2d numbers in ACTION. ``think_opened``:
+    the prompt opened the think block, so the target's reasoning runs from its start to
+    the first closing tag (included)."""
     seg = np.full(len(target), ACTION, np.int8)
     m = _THINK_SPAN_RE.match(target)
+    if m is None and think_opened:
+        m = _OPENED_THINK_SPAN_RE.match(target)
     if m:
         seg[m.start(1):m.end(1)] = REASONING
     body_start = m.end() if m else 0
@@ -84,15 +89,16 @@ class SpecialIds:
 
 
 def encode_prompt(tokenizer: Any, system: str, user: str, image_tokens: Sequence[int],
-                  ids: SpecialIds | None = None) -> np.ndarray:
-    """Token ids of the chat prompt (generation prompt included) with each
-    ``<image>`` placeholder of ``user`` expanded to ``image_tokens[k]`` pads."""
+                  ids: SpecialIds | None = None, generation_prefix: str = "") -> np.ndarray:
+    """Token ids of the chat prompt (generation prompt and ``generation_prefix``
+    included) with each ``<image>`` placeholder of ``user`` expanded to
+    ``image_tokens[k]`` pads."""
     ids = ids or SpecialIds.of(tokenizer)
     n_ph = user.count(P.IMAGE_PLACEHOLDER)
     if n_ph != len(image_tokens):
         raise ValueError(f"user turn has {n_ph} {P.IMAGE_PLACEHOLDER} placeholders but "
                          f"{len(image_tokens)} images")
-    text = P.chat_prompt_text(system, user.replace(P.IMAGE_PLACEHOLDER, P.vision_block(1)))
+    text = P.chat_prompt_text(system, user.replace(P.IMAGE_PLACEHOLDER, P.vision_block(1)), generation_prefix)
     raw = tokenizer(text, add_special_tokens=False)["input_ids"]
     out: list[int] = []
     k = 0
@@ -107,11 +113,11 @@ def encode_prompt(tokenizer: Any, system: str, user: str, image_tokens: Sequence
     return np.asarray(out, np.int32)
 
 
-def encode_target(tokenizer: Any, target: str, *, grounded: bool = True,
-                  add_end: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def encode_target(tokenizer: Any, target: str, *, grounded: bool = True, add_end: bool = True,
+                  think_opened: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(ids [n] int32, segments [n] int8) of a target text (+ ``<|im_end|>``)."""
     text = target + (P.TARGET_END if add_end else "")
-    char_seg = target_char_segments(text, grounded=grounded)
+    char_seg = target_char_segments(text, grounded=grounded, think_opened=think_opened)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     tok_ids = np.asarray(enc["input_ids"], np.int32)
     segs = np.empty(len(tok_ids), np.int8)
@@ -133,7 +139,10 @@ class EncodedText:
 
 
 def encode_sample(tokenizer: Any, system: str, user: str, target: str, image_tokens: Sequence[int], *,
-                  grounded: bool = True, ids: SpecialIds | None = None) -> EncodedText:
-    p = encode_prompt(tokenizer, system, user, image_tokens, ids)
-    t, s = encode_target(tokenizer, target, grounded=grounded)
+                  grounded: bool = True, ids: SpecialIds | None = None,
+                  generation_prefix: str = "") -> EncodedText:
+    """Prompt (ending with ``generation_prefix``) and target of one sample; a prefix that
+    opens the think block makes the target's reasoning start at its first token."""
+    p = encode_prompt(tokenizer, system, user, image_tokens, ids, generation_prefix)
+    t, s = encode_target(tokenizer, target, grounded=grounded, think_opened=P.opens_think(generation_prefix))
     return EncodedText(np.concatenate([p, t]), np.concatenate([np.zeros(len(p), np.int8), s]), len(p))

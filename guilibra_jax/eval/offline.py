@@ -172,17 +172,18 @@ def _groups(outcomes: Sequence[StepOutcome], key: Callable[[StepOutcome], str]) 
 
 def evaluate_offline(records: Sequence[N.StepRecord], responses: Iterable[str],
                      coord_space: str = "norm1000",
-                     resized_size: Sequence[int] | Callable[[tuple[int, int]], Sequence[int]] | None = None
+                     resized_size: Sequence[int] | Callable[[tuple[int, int], str], Sequence[int]] | None = None
                      ) -> dict[str, Any]:
     """Metrics of ``responses`` (aligned with ``records``): overall, per platform, per
     label action type, and per (platform, action type). ``resized_size`` (for
-    coord_space "resized_pixels") is one (w, h) or a function of the image size."""
+    coord_space "resized_pixels") is one (w, h) or a function (image size, platform), the
+    platform choosing the pixel budget (``data.images.PixelBudgets``)."""
     responses = list(responses)
     if len(responses) != len(records):
         raise ValueError(f"evaluate_offline: {len(records)} records but {len(responses)} responses")
     outcomes = []
     for rec, resp in zip(records, responses):
-        rs = resized_size(tuple(rec.image_size)) if callable(resized_size) else resized_size
+        rs = resized_size(tuple(rec.image_size), rec.platform) if callable(resized_size) else resized_size
         outcomes.append(score_step(rec, resp, coord_space, rs))
     return {
         "overall": summarize(outcomes),

@@ -48,6 +48,10 @@ def base_config() -> mlc.ConfigDict:
         seq_buckets=(),      # padded lengths; () = one bucket of max_length (no recompiles)
         patch_bucket=2048,   # pixel rows per batch rounded up to a multiple of this
         min_pixels=0, max_pixels=0,  # image processor bounds; 0 = the family's default
+        pixels={},           # per platform (min, max) pixel bounds, e.g. {"mobile": (40768, 548800)};
+                             # 0 or an unlisted platform: min_pixels / max_pixels (data.images.PixelBudgets)
+        open_think="auto",   # prompts end with "<think>\n" as Qwen3-VL-*-Thinking templates do:
+                             # auto (the tokenizer's chat template decides) | on | off
         batch_size=8, seed=0, workers=0, pack=False,
         max_bad_fraction=0.05,
         synthetic=dict(enabled=False, platforms=("desktop", "mobile"), tasks=200, seed=0,
@@ -71,7 +75,10 @@ def base_config() -> mlc.ConfigDict:
         kl_beta=0.001, kl_kind="k3", kl_clamp=10.0,   # GRPO's trust region; beta > 0 by design
         reference="",        # GRPO: frozen reference (HF folder or training workdir); "" = start policy
         sngs=dict(enabled=True, lambda0=0.5, kappa=1.5, signal="mean_reward"),  # or success_rate
-        reward=dict(w_fmt=0.1, value_rule="paper", point_tolerance=0.05),
+        reward=dict(w_fmt=0.1, value_rule="paper", point_tolerance=0.05,
+                    format_rule="paper",    # GRPO format reward: paper (parses) | release (r1gui.py)
+                    mopd_rule="strict",     # MOPD reward: strict (ours) | release (gui_agent.py)
+                    check_tool_name=True),  # MOPD: the type point needs the label's tool name too
         teachers={},         # MOPD: platform label -> HF folder or training workdir ("*": any other)
         mopd=dict(beta=0.01, kl_mask_tau=0.1, pass_floor=0.01),
         score_chunk=0,       # vocabulary projection over T-chunks of this size when scoring (0 = off)
@@ -146,6 +153,14 @@ def validate(c: mlc.ConfigDict) -> None:
             _fail(f"data.{key}", d[key], "a positive integer")
     if not 0.0 <= d.max_bad_fraction <= 1.0:
         _fail("data.max_bad_fraction", d.max_bad_fraction, "a fraction in [0, 1]")
+    if d.open_think not in ("auto", "on", "off"):
+        _fail("data.open_think", d.open_think, "auto, on or off")
+    for platform, pair in dict(d.pixels).items():
+        ok = isinstance(pair, (tuple, list)) and len(pair) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in pair)
+        if not ok or (pair[0] and pair[1] and pair[0] > pair[1]):
+            _fail(f"data.pixels.{platform}", pair, "(min, max) pixel counts with 0 <= min <= max (0: "
+                  "data.min_pixels / data.max_pixels)")
     if c.loss.normalize not in ("sample", "token"):
         _fail("loss.normalize", c.loss.normalize, "sample or token")
     if c.optim.schedule not in ("cosine", "linear", "constant"):
@@ -182,6 +197,12 @@ def _validate_rl(c: mlc.ConfigDict) -> None:
     if rows % (r.minibatches * c.train.grad_accum):
         _fail("rl.minibatches", r.minibatches, f"a divisor of data.batch_size * rl.group_size = {rows} "
               f"together with train.grad_accum = {c.train.grad_accum}")
+    if r.reward.format_rule not in ("paper", "release"):
+        _fail("rl.reward.format_rule", r.reward.format_rule, "paper or release")
+    if r.reward.mopd_rule not in ("strict", "release"):
+        _fail("rl.reward.mopd_rule", r.reward.mopd_rule, "strict or release")
+    if not isinstance(r.reward.check_tool_name, bool):
+        _fail("rl.reward.check_tool_name", r.reward.check_tool_name, "True or False")
     if c.method == "grpo":
         if r.kl_kind not in KL_KINDS:
             _fail("rl.kl_kind", r.kl_kind, f"one of {KL_KINDS}")

@@ -87,6 +87,25 @@ def prepare_tokenizer(config, workdir: str):
     return load_tokenizer(out)
 
 
+def pixel_pairs(cfg_data) -> dict[str, tuple[int, int]]:
+    """``data.pixels`` as {platform: (min, max)} (0: data.min_pixels / data.max_pixels)."""
+    return {str(k): (int(v[0]), int(v[1])) for k, v in dict(cfg_data.get("pixels") or {}).items()}
+
+
+def pixel_budgets(cfg_data):
+    """The run's :class:`data.images.PixelBudgets`: the one answer to "which pixel bounds
+    for this platform", for training, RL prompts, the evaluator and the eval agent."""
+    from guilibra_jax.data.images import PixelBudgets
+    return PixelBudgets.from_config(cfg_data.min_pixels, cfg_data.max_pixels, pixel_pairs(cfg_data))
+
+
+def think_opened(config, tokenizer) -> bool:
+    """Whether the run's prompts open the think block (``data.open_think``; "auto": the
+    tokenizer's chat template), so responses may lack ``<think>``."""
+    from guilibra_jax.data import prompts as P
+    return P.opens_think(P.generation_prefix(config.data.open_think, tokenizer))
+
+
 def data_config(config, files: list[str], *, for_eval: bool = False) -> dict:
     d = config.data
     mix: Any = d.mix
@@ -97,7 +116,8 @@ def data_config(config, files: list[str], *, for_eval: bool = False) -> dict:
         inputs=tuple(files), format=d.format, method=d.method, image_root=d.image_root or None,
         system_prompt=d.system_prompt or None,
         batch_size=d.batch_size, seq_buckets=buckets, max_length=d.max_length, patch_bucket=d.patch_bucket,
-        min_pixels=d.min_pixels or None, max_pixels=d.max_pixels or None, mix=mix if not for_eval else "reasoning",
+        min_pixels=d.min_pixels or None, max_pixels=d.max_pixels or None, pixels=pixel_pairs(d),
+        open_think=d.open_think, mix=mix if not for_eval else "reasoning",
         pack=d.pack and not for_eval, seed=d.seed, shuffle=True, num_epochs=1 if for_eval else None,
         drop_remainder=not for_eval, num_workers=0 if for_eval else d.workers,
         bad_record_threshold=d.max_bad_fraction, splits=None if for_eval else ("train",))
@@ -153,29 +173,35 @@ def make_train_data(config, tokenizer, model_config, process_index: int, process
 # ----------------------------------------------------------------------------- evaluation
 
 def _family_coords(model_config, cfg_data):
+    """(coordinate space, resized(size, platform=None) -> (w, h)) of the model family under
+    the run's pixel budgets."""
     family = model_config.family
     space = A.FAMILY_COORD_SPACE[family]
-    kw = {}
-    if cfg_data.min_pixels:
-        kw["min_pixels"] = cfg_data.min_pixels
-    if cfg_data.max_pixels:
-        kw["max_pixels"] = cfg_data.max_pixels
-    return space, (lambda size: A.resized_size_for(size, family, **kw))
+    budgets = pixel_budgets(cfg_data)
+
+    def resized(size, platform=None):
+        lo, hi = budgets.bounds(platform)
+        return A.resized_size_for(size, family, min_pixels=lo, max_pixels=hi)
+    return space, resized
 
 
-def constant_baseline(train_targets: list[R.Target], eval_targets: list[R.Target], space: str, resized) -> float:
+def constant_baseline(train_targets: list[R.Target], eval_targets: list[R.Target], space: str, resized,
+                      eval_platforms: list[str | None] | None = None) -> float:
     """Best step accuracy of answering every held-out step with one fixed action: the
-    most frequent training actions (type, value, rounded point), each tried."""
+    most frequent training actions (type, value, rounded point), each tried.
+    ``resized(size, platform)`` sizes each held-out image (``eval_platforms``)."""
+    platforms = eval_platforms or [None] * len(eval_targets)
     counts = collections.Counter(
         (t.action_type, t.value, None if t.point is None else (round(t.point[0], 2), round(t.point[1], 2)))
         for t in train_targets)
     best = 0.0
     for (atype, value, point), _ in counts.most_common(20):
         accs = []
-        for t in eval_targets:
-            p = None if point is None else A.from_unit(point, space, resized_size=resized(t.image_size))
+        for t, plat in zip(eval_targets, platforms):
+            rs = resized(t.image_size, plat)
+            p = None if point is None else A.from_unit(point, space, resized_size=rs)
             text = A.render_response(A.Action(atype, "", value, p))
-            accs.append(R.guilibra_reward(text, t, coord_space=space, resized_size=resized(t.image_size)).accuracy)
+            accs.append(R.guilibra_reward(text, t, coord_space=space, resized_size=rs).accuracy)
         best = max(best, float(np.mean(accs)) if accs else 0.0)
     return best
 
@@ -194,6 +220,7 @@ def make_evaluator(config, tokenizer, model_config, graphdef, workdir: str):
         return None
     files = eval_files(config, workdir)
     space, resized = _family_coords(model_config, config.data)
+    opened = think_opened(config, tokenizer)
     eval_cfg = data_config(config, files, for_eval=True)
     eval_cfg["batch_size"] = min(config.data.batch_size, config.train.eval_samples)
     eval_cfg["seq_buckets"] = (config.data.max_length,)
@@ -217,13 +244,16 @@ def make_evaluator(config, tokenizer, model_config, graphdef, workdir: str):
                 if target is None or not batch["row_valid"][i]:
                     continue
                 text = G.decode_response(tokenizer, tokens[i, :lengths[i]], stop)
-                r = R.guilibra_reward(text, target, coord_space=space, resized_size=resized(target.image_size))
+                r = R.guilibra_reward(text, target, coord_space=space,
+                                      resized_size=resized(target.image_size, batch["platform"][i]),
+                                      think_opened=opened)
                 rows.append((batch["platform"][i], r, text, target))
             if len(rows) >= config.train.eval_samples:
                 break
         rows = rows[:config.train.eval_samples]
         if "value" not in baseline_cache:
-            baseline_cache["value"] = constant_baseline(train_targets, [r[3] for r in rows], space, resized)
+            baseline_cache["value"] = constant_baseline(train_targets, [r[3] for r in rows], space, resized,
+                                                        [r[0] for r in rows])
         metrics = {"eval/samples": len(rows), "eval/constant_baseline_step_acc": baseline_cache["value"]}
         for name, group in [("all", rows)] + [(p, [r for r in rows if r[0] == p]) for p in sorted({r[0] for r in rows})]:
             if not group:

@@ -214,6 +214,7 @@ def train_rl(config, workdir: str) -> dict:
                                 max_new_tokens=rl.max_new_tokens, stop_token_ids=stop, pad_token_id=pad_id,
                                 banned_token_ids=banned)
     coord_space = A.FAMILY_COORD_SPACE[model_config.family]
+    think_opened = data_source.think_opened(config, tokenizer)
     chunk = rl.score_chunk or None
     loss_kwargs = (dict(clip_low=rl.clip_low, clip_high=rl.clip_high, kl_beta=rl.kl_beta, kl_kind=rl.kl_kind,
                         kl_clamp=rl.kl_clamp or None, aggregation=rl.aggregation,
@@ -247,7 +248,10 @@ def train_rl(config, workdir: str) -> dict:
             ro.tokens, ro.lengths = (np.asarray(x) for x in jax.device_get((out.tokens, out.lengths)))
             texts = [G.decode_response(tokenizer, ro.tokens[i, :ro.lengths[i]], stop) for i in range(ro.rows)]
             scored = RO.score_responses(texts, ro, method, coord_space=coord_space, w_fmt=rl.reward.w_fmt,
-                                        value_rule=rl.reward.value_rule, point_tolerance=rl.reward.point_tolerance)
+                                        value_rule=rl.reward.value_rule, point_tolerance=rl.reward.point_tolerance,
+                                        format_rule=rl.reward.format_rule, think_opened=think_opened,
+                                        think_tag=A.THINK_TAG[model_config.family], mopd_rule=rl.reward.mopd_rule,
+                                        check_tool_name=rl.reward.check_tool_name)
             adv = advantages(scored.reward, scored.success & ro.valid, rl.group_size, method, rl)
             adv["advantages"] = np.where(ro.valid, adv["advantages"], 0.0).astype(np.float32)
             t1 = time.time()
