@@ -17,9 +17,13 @@ import jax.numpy as jnp
 
 Array = jax.Array
 
-# Segment ids of ASFT targets; 0 = no loss (prompt, padding).
+# Segment ids of ASFT targets; 0 = no loss (prompt, padding). Under weighting "release" they
+# also carry flags (data.tokenize): IN_ANSWER (inside <answer>) and AFTER_POINT (after
+# "point_2d":); the part is segment & PART_MASK either way.
 REASONING, ACTION, GROUNDING = 1, 2, 3
+IN_ANSWER, AFTER_POINT, PART_MASK = 4, 8, 3
 NORMALIZATIONS = ("sample", "token")
+WEIGHTINGS = ("paper", "release")
 KL_KINDS = ("k1", "k2", "k3")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 # |log ρ| is clamped to this before exp, as veRL does: ρ stays finite, and only ratios
@@ -58,23 +62,41 @@ def token_nll(logits: Array, targets: Array) -> Array:
     return jax.nn.logsumexp(x, axis=-1) - picked
 
 
-def segment_weights(segment_ids: Array, alpha_action=2.0, alpha_grounding=4.0) -> Array:
-    """Per-token ASFT weight [B, T] float32: 0 -> 0, 1 (reasoning) -> 1,
-    2 (action) -> alpha_action, 3 (grounding) -> alpha_grounding; any other id -> 0."""
+def segment_part(segment_ids: Array) -> Array:
+    """The part (0 none, 1 reasoning, 2 action, 3 grounding) of each segment id."""
+    return jnp.where(segment_ids > 0, segment_ids & PART_MASK, 0)
+
+
+def segment_weights(segment_ids: Array, alpha_action=2.0, alpha_grounding=4.0, weighting="paper") -> Array:
+    """Per-token ASFT weight [B, T] float32; 0 where segment_ids is 0.
+
+    "paper": 1 (reasoning) -> 1, 2 (action) -> alpha_action, 3 (grounding) ->
+    alpha_grounding (the paper's three token sets); any other id -> 0.
+    "release" (GUI-Libra's SFT code): 1, times alpha_action inside ``<answer>`` (flag
+    IN_ANSWER), times alpha_grounding from ``"point_2d":`` to the end (flag AFTER_POINT);
+    with 2 and 4 that is x2 on the answer JSON, x8 on the coordinates, the [-100, -100]
+    placeholder and the closing brackets, x4 on ``</answer>`` and ``<|im_end|>``, x1 on the
+    reasoning (the release's ``action_weight`` 2 and its ``action_weight * 2``).
+    """
+    _check("weighting", weighting, WEIGHTINGS)
     s = segment_ids
-    w = jnp.where(s == GROUNDING, alpha_grounding, 0.0)
-    w = jnp.where(s == ACTION, alpha_action, w)
-    return jnp.where(s == REASONING, 1.0, w).astype(jnp.float32)
+    if weighting == "release":
+        w = jnp.where((s & IN_ANSWER) > 0, alpha_action, 1.0) * jnp.where((s & AFTER_POINT) > 0, alpha_grounding, 1.0)
+        return jnp.where(s > 0, w, 0.0).astype(jnp.float32)
+    p = s
+    w = jnp.where(p == GROUNDING, alpha_grounding, 0.0)
+    w = jnp.where(p == ACTION, alpha_action, w)
+    return jnp.where(p == REASONING, 1.0, w).astype(jnp.float32)
 
 
-def _asft_parts(logits, targets, segment_ids, alpha_action, alpha_grounding, normalize):
+def _asft_parts(logits, targets, segment_ids, alpha_action, alpha_grounding, normalize, weighting="paper"):
     _check("normalize", normalize, NORMALIZATIONS)
     if logits.ndim != 3 or logits.shape[:2] != targets.shape or targets.shape != segment_ids.shape:
         raise ValueError(
             f"asft_loss: expected logits [B, T, V] and targets, segment_ids [B, T]; got "
             f"{logits.shape}, {targets.shape}, {segment_ids.shape}")
     nll = token_nll(logits, jnp.where(segment_ids > 0, targets, 0))  # [B, T]
-    w = segment_weights(segment_ids, alpha_action, alpha_grounding)  # [B, T]
+    w = segment_weights(segment_ids, alpha_action, alpha_grounding, weighting)  # [B, T]
     if normalize == "token":
         return nll, jnp.sum(w * nll), jnp.sum(w)
     num_b, den_b = jnp.sum(w * nll, axis=-1), jnp.sum(w, axis=-1)  # [B]
@@ -82,8 +104,9 @@ def _asft_parts(logits, targets, segment_ids, alpha_action, alpha_grounding, nor
 
 
 def asft_loss_terms(logits, targets, segment_ids, *, alpha_action=2.0, alpha_grounding=4.0,
-                    normalize="sample") -> tuple[Array, Array]:
-    """(numerator, denominator) of `asft_loss`; their ratio is the loss.
+                    normalize="sample", weighting="paper") -> tuple[Array, Array]:
+    """(numerator, denominator) of `asft_loss`; their ratio is the loss. ``weighting``:
+    see `segment_weights`.
 
     "token":  numerator = Σ w·nll, denominator = Σ w over the batch.
     "sample": numerator = Σ_b Σ_t w·nll / Σ_t w over samples with Σ_t w > 0,
@@ -91,12 +114,12 @@ def asft_loss_terms(logits, targets, segment_ids, *, alpha_action=2.0, alpha_gro
     Summing both over micro-batches and dividing gives the full-batch loss exactly.
     """
     _, num, den = _asft_parts(logits, targets, segment_ids, alpha_action, alpha_grounding,
-                              normalize)
+                              normalize, weighting)
     return num, den
 
 
 def asft_loss(logits, targets, segment_ids, *, alpha_action=2.0, alpha_grounding=4.0,
-              normalize="sample") -> tuple[Array, dict]:
+              normalize="sample", weighting="paper") -> tuple[Array, dict]:
     """GUI-Libra's action-aware SFT loss. Returns (loss, aux).
 
     logits [B, T, V] aligned with targets [B, T]; segment_ids [B, T]: 0 no loss,
@@ -104,15 +127,19 @@ def asft_loss(logits, targets, segment_ids, *, alpha_action=2.0, alpha_grounding
     normalize="sample" (the paper): per sample Σ w·nll / Σ w, averaged over the samples
     that carry any weight; all-masked samples are left out, and a batch with none gives
     loss 0 with a zero gradient. normalize="token" (the release): Σ w·nll / Σ w over the
-    whole batch. Log-softmax runs in float32 even for bf16 logits.
+    whole batch (GUI-Libra's release normalises so, per device micro-batch).
+    weighting="paper" weighs by part as above; "release" weighs as GUI-Libra's SFT code
+    (`segment_weights`; segment ids then carry its flags). Log-softmax runs in float32
+    even for bf16 logits.
     aux: nll_{reasoning,action,grounding} (unweighted mean NLL of that part, 0 if
     absent), n_{reasoning,action,grounding} (token counts), numerator, denominator.
     """
     nll, num, den = _asft_parts(logits, targets, segment_ids, alpha_action, alpha_grounding,
-                                normalize)
+                                normalize, weighting)
     aux = {"numerator": num, "denominator": den}
+    parts = segment_part(segment_ids)
     for name, sid in (("reasoning", REASONING), ("action", ACTION), ("grounding", GROUNDING)):
-        part = segment_ids == sid
+        part = parts == sid
         n = jnp.sum(part.astype(jnp.float32))
         aux[f"nll_{name}"] = _safe_div(jnp.sum(jnp.where(part, nll, 0.0)), n)
         aux[f"n_{name}"] = n

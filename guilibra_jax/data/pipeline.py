@@ -49,6 +49,7 @@ class DataConfig:
     max_pixels: int | None = None
     pixels: Any = None                     # platform -> (min, max) pixels; 0 / unlisted: the two above
     open_think: str = "auto"               # prompt ends with "<think>\n": auto (chat template) | on | off
+    loss_weighting: str = "paper"          # loss.weighting; "release": segments carry the release's flags
     mix: Any = "both"                      # both | reasoning | direct | p (reasoning probability)
     include_action_target: bool = False
     system_prompt: str | None = None       # None: the method's own system turn; else a template
@@ -116,8 +117,9 @@ class EncodeSample:
     """grain map: (record, variant, where) -> Sample | Dropped."""
 
     def __init__(self, spec: S.SampleSpec, tokenizer: Any, img_cfg: "I.ImageProcessorConfig | I.PlatformImageConfigs",
-                 max_length: int | None, splits: Sequence[str] | None):
+                 max_length: int | None, splits: Sequence[str] | None, prompt_only_length: bool = False):
         self.spec, self.tokenizer, self.img_cfg = spec, tokenizer, img_cfg
+        self.prompt_only_length = prompt_only_length   # RL: max_length bounds the prompt
         self.ids = T.SpecialIds.of(tokenizer)
         self.max_length = max_length
         self.splits = tuple(splits) if splits else None
@@ -127,7 +129,7 @@ class EncodeSample:
         if self.splits and not isinstance(record, B.Dropped) and record.split not in self.splits:
             return B.Dropped("other_split", where, record.split, bad=False)
         return S.make_sample(record, variant, self.spec, self.tokenizer, self.img_cfg, self.ids,
-                             self.max_length, where)
+                             self.max_length, where, self.prompt_only_length)
 
 
 class Collate:
@@ -213,7 +215,8 @@ def _make_loader(cfg: Any, tokenizer: Any, model_config: Any, rl: bool, shard_in
     ids.check_model(model_config)
     family = model_config.family
     spec = S.SampleSpec(cfg.method, family, cfg.include_action_target, cfg.system_prompt or None,
-                        generation_prefix=P.generation_prefix(cfg.open_think, tokenizer))
+                        generation_prefix=P.generation_prefix(cfg.open_think, tokenizer),
+                        weighting=cfg.loss_weighting if not rl else "paper")
     img_cfg = I.PixelBudgets.from_config(cfg.min_pixels, cfg.max_pixels, cfg.pixels).for_family(family, model_config)
     if source is None:
         source = R.open_source(cfg.inputs, cfg.format, image_root=cfg.image_root,
@@ -236,7 +239,7 @@ def _make_loader(cfg: Any, tokenizer: Any, model_config: Any, rl: bool, shard_in
         ds = ds.shuffle(seed=cfg.seed)
     if cfg.num_epochs is None or cfg.num_epochs > 1:
         ds = ds.repeat(cfg.num_epochs)
-    ds = ds.map(EncodeSample(spec, tokenizer, img_cfg, max_len, None if rl else cfg.splits))
+    ds = ds.map(EncodeSample(spec, tokenizer, img_cfg, max_len, None if rl else cfg.splits, rl))
     ds = ds.batch(per_batch, drop_remainder=cfg.drop_remainder, batch_fn=Collate(ccfg, model_config, rl))
     it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.read_threads,
                                                  prefetch_buffer_size=cfg.read_buffer))

@@ -32,6 +32,7 @@ class SampleSpec:
     include_action_target: bool = False
     system_prompt: str | None = None   # None: the method's own; else a template (P.system_prompt)
     generation_prefix: str = ""        # after the assistant header: "<think>\n" for Thinking templates
+    weighting: str = "paper"           # loss.weighting: "release" adds the release's weight flags
 
     def __post_init__(self):
         if self.method not in P.METHODS:
@@ -89,10 +90,13 @@ def continue_prefix(target: str, spec: SampleSpec) -> str:
 
 def make_sample(record: StepRecord | B.Dropped, variant: int, spec: SampleSpec, tokenizer: Any,
                 img_cfg: "I.ImageProcessorConfig | I.PlatformImageConfigs", ids: T.SpecialIds | None = None,
-                max_length: int | None = None, where: str | None = None) -> Sample | B.Dropped:
+                max_length: int | None = None, where: str | None = None,
+                prompt_only_length: bool = False) -> Sample | B.Dropped:
     """One training sample of ``record`` (``variant``: reasoning or direct twin);
     ``where`` (file and index) labels a dropped record. ``img_cfg``: one processor config,
-    or one per platform (:class:`images.PlatformImageConfigs`)."""
+    or one per platform (:class:`images.PlatformImageConfigs`). ``max_length`` bounds the
+    prompt + target tokens, or (``prompt_only_length``: an RL prompt, as the releases'
+    max_prompt_length) the prompt's alone."""
     if isinstance(record, B.Dropped):
         return record
     where = where or f"{record.trajectory_id}:{record.step}"
@@ -110,8 +114,10 @@ def make_sample(record: StepRecord | B.Dropped, variant: int, spec: SampleSpec, 
     except ValueError as e:
         return B.Dropped(B.classify_record_error(str(e)), where, str(e))
     enc = T.encode_sample(tokenizer, system, user, continue_prefix(target, spec), [n_img], grounded=grounded,
-                          ids=ids, generation_prefix=spec.generation_prefix)
-    if max_length is not None and len(enc.input_ids) > max_length:
-        return B.Dropped("too_long", where, f"{len(enc.input_ids)} tokens > max_length {max_length}", bad=False)
+                          ids=ids, generation_prefix=spec.generation_prefix, weighting=spec.weighting)
+    n = enc.prompt_len if prompt_only_length else len(enc.input_ids)
+    if max_length is not None and n > max_length:
+        what = "prompt tokens" if prompt_only_length else "tokens"
+        return B.Dropped("too_long", where, f"{n} {what} > max_length {max_length}", bad=False)
     return Sample(enc.input_ids, enc.segments, enc.prompt_len, pixel_values, grid, record.platform, where,
                   record.reward_target(), resized, tuple(image.size))

@@ -12,6 +12,10 @@ among the characters it covers (grounding > action > reasoning), found through t
 fast tokenizer's offsets. With Qwen's tokenizer every digit is its own token, so
 grounding is exactly the coordinate digits; a tokenizer that merges a digit with a
 bracket makes that token grounding.
+
+With ``weighting="release"`` (``loss.weighting``) target segments also carry the flags
+IN_ANSWER (4) and AFTER_POINT (8) of GUI-Libra's released weighting
+(:func:`target_weight_flags`); ``segment & PART_MASK`` is the part above either way.
 """
 
 from __future__ import annotations
@@ -26,12 +30,47 @@ from guilibra_jax.data import prompts as P
 
 PROMPT, REASONING, ACTION, GROUNDING = 0, 1, 2, 3
 SEGMENT_NAMES = {PROMPT: "prompt", REASONING: "reasoning", ACTION: "action", GROUNDING: "grounding"}
+# Release-weighting flags OR-ed onto target segments (weighting "release" only; the low two
+# bits keep the part above). GUI-Libra's SFT code (SFT/src/aguvis/dataset.py, use_action_weight)
+# multiplies the weight of tokens inside <answer> by action_weight and of every token after
+# "point_2d": by 2 x action_weight (see target_weight_flags).
+IN_ANSWER, AFTER_POINT = 4, 8
+PART_MASK = 3
+WEIGHTINGS = ("paper", "release")
 
 _THINK_SPAN_RE = re.compile(r"\A\s*(<(think|thinking)>.*?</\2>)", re.DOTALL)
 _OPENED_THINK_SPAN_RE = re.compile(r"\A(.*?</(think|thinking)>)", re.DOTALL)
 _NUM = r"(-?\d+(?:\.\d+)?)"
 _POINT_RE = re.compile(r'"point_2d":\s*\[\s*' + _NUM + r"\s*,\s*" + _NUM + r"\s*\]")
 _COORD_RE = re.compile(r'"coordinate2?":\s*\[\s*' + _NUM + r"\s*,\s*" + _NUM + r"\s*\]")
+
+
+_ANSWER_OPEN, _ANSWER_CLOSE, _POINT_KEY = "<answer", "</answer>", '"point_2d":'
+
+
+def target_weight_flags(target: str) -> np.ndarray:
+    """[len(target)] int8 character flags of GUI-Libra's released ASFT weighting:
+    IN_ANSWER from the ``>`` of the first ``<answer>`` up to the following ``</answer>``
+    (exclusive), AFTER_POINT from just after the first ``"point_2d":`` to the end.
+
+    The release finds these spans as token patterns (``tok("<answer>")[:-1]``,
+    ``tok("</answer>")[:-1]``, ``tok('"point_2d":')[1:]``) in the whole tokenised sequence;
+    on its pretty-printed answers (``<answer>\\n{...}\\n</answer>``) that is this span, token
+    for token. Here the spans are found in the target's characters, so they hold however
+    the tokenizer merges neighbours: with Qwen's BPE and a compact answer, ``]}</answer>``
+    tokenises as ``]}</`` + ``answer`` + ``>``, where the release's pattern for
+    ``</answer>`` finds nothing and its x2 silently vanishes. A token takes every flag
+    that one of its characters carries."""
+    flags = np.zeros(len(target), np.int8)
+    a = target.find(_ANSWER_OPEN + ">")
+    if a >= 0:
+        e = target.find(_ANSWER_CLOSE, a)
+        if e >= 0:
+            flags[a + len(_ANSWER_OPEN):e] |= IN_ANSWER
+    g = target.find(_POINT_KEY)
+    if g >= 0:
+        flags[g + len(_POINT_KEY):] |= AFTER_POINT
+    return flags
 
 
 def target_char_segments(target: str, *, grounded: bool = True, think_opened: bool = False) -> np.ndarray:
@@ -114,18 +153,23 @@ def encode_prompt(tokenizer: Any, system: str, user: str, image_tokens: Sequence
 
 
 def encode_target(tokenizer: Any, target: str, *, grounded: bool = True, add_end: bool = True,
-                  think_opened: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """(ids [n] int32, segments [n] int8) of a target text (+ ``<|im_end|>``)."""
+                  think_opened: bool = False, weighting: str = "paper") -> tuple[np.ndarray, np.ndarray]:
+    """(ids [n] int32, segments [n] int8) of a target text (+ ``<|im_end|>``); with
+    ``weighting`` "release" the segments also carry :func:`target_weight_flags`."""
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"loss.weighting = {weighting!r} is invalid: expected one of {WEIGHTINGS}")
     text = target + (P.TARGET_END if add_end else "")
     char_seg = target_char_segments(text, grounded=grounded, think_opened=think_opened)
+    flags = target_weight_flags(text) if weighting == "release" else None
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     tok_ids = np.asarray(enc["input_ids"], np.int32)
     segs = np.empty(len(tok_ids), np.int8)
-    last = ACTION
+    last, last_flags = ACTION, 0
     for i, (s, e) in enumerate(enc["offset_mapping"]):
         if e > s:
             last = int(char_seg[s:e].max())
-        segs[i] = last
+            last_flags = int(np.bitwise_or.reduce(flags[s:e])) if flags is not None else 0
+        segs[i] = last | last_flags
     return tok_ids, segs
 
 
@@ -140,9 +184,11 @@ class EncodedText:
 
 def encode_sample(tokenizer: Any, system: str, user: str, target: str, image_tokens: Sequence[int], *,
                   grounded: bool = True, ids: SpecialIds | None = None,
-                  generation_prefix: str = "") -> EncodedText:
+                  generation_prefix: str = "", weighting: str = "paper") -> EncodedText:
     """Prompt (ending with ``generation_prefix``) and target of one sample; a prefix that
-    opens the think block makes the target's reasoning start at its first token."""
+    opens the think block makes the target's reasoning start at its first token.
+    ``weighting`` "release" ORs :func:`target_weight_flags` onto the target segments."""
     p = encode_prompt(tokenizer, system, user, image_tokens, ids, generation_prefix)
-    t, s = encode_target(tokenizer, target, grounded=grounded, think_opened=P.opens_think(generation_prefix))
+    t, s = encode_target(tokenizer, target, grounded=grounded, think_opened=P.opens_think(generation_prefix),
+                         weighting=weighting)
     return EncodedText(np.concatenate([p, t]), np.concatenate([np.zeros(len(p), np.int8), s]), len(p))

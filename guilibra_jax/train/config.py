@@ -44,7 +44,8 @@ def base_config() -> mlc.ConfigDict:
                              # {platform} and {actions} (a short one keeps CPU demos fast)
         mix="both",          # both (each step as reasoning + direct-action sample: 1:1) |
                              # reasoning | direct | a probability of keeping the reasoning, e.g. "0.5"
-        max_length=4096,     # longer samples are filtered (counted, never silently)
+        max_length=4096,     # longer samples are filtered (counted, never silently); RL: the prompt's
+                             # length (the releases' max_prompt_length)
         seq_buckets=(),      # padded lengths; () = one bucket of max_length (no recompiles)
         patch_bucket=2048,   # pixel rows per batch rounded up to a multiple of this
         min_pixels=0, max_pixels=0,  # image processor bounds; 0 = the family's default
@@ -53,11 +54,21 @@ def base_config() -> mlc.ConfigDict:
         open_think="auto",   # prompts end with "<think>\n" as Qwen3-VL-*-Thinking templates do:
                              # auto (the tokenizer's chat template decides) | on | off
         batch_size=8, seed=0, workers=0, pack=False,
+        rebalance=dict(      # GUI-Libra's RL subset (data.mixing.rebalance), applied before the mix:
+            step_keep=(),    # keep probability per step index, e.g. (0.3, 0.6): step 0 kept with 0.3,
+                             # step 1 with 0.6, later steps always; () = off
+            max_share={},    # largest share a domain may hold, e.g. {"mobile": 0.5}; {} = off
+            key="platform"), # the record field naming the domain: platform | source
         max_bad_fraction=0.05,
         synthetic=dict(enabled=False, platforms=("desktop", "mobile"), tasks=200, seed=0,
                        test_fraction=0.2, tokenizer_vocab=1024),
     ))
-    c.loss = mlc.ConfigDict(dict(alpha_action=2.0, alpha_grounding=4.0, normalize="sample"))
+    c.loss = mlc.ConfigDict(dict(
+        alpha_action=2.0, alpha_grounding=4.0,
+        normalize="sample",  # sample (the paper: per-sample weighted mean) | token (Σ w·nll / Σ w, the release's)
+        weighting="paper",   # paper: reasoning 1 / action alpha_action / coordinate digits alpha_grounding |
+                             # release: x alpha_action inside <answer>, x alpha_grounding from "point_2d": on
+    ))
     c.optim = mlc.ConfigDict(dict(
         lr=1e-5, warmup_steps=0, schedule="cosine", end_lr_fraction=0.0, weight_decay=0.0,
         b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0,
@@ -153,6 +164,14 @@ def validate(c: mlc.ConfigDict) -> None:
             _fail(f"data.{key}", d[key], "a positive integer")
     if not 0.0 <= d.max_bad_fraction <= 1.0:
         _fail("data.max_bad_fraction", d.max_bad_fraction, "a fraction in [0, 1]")
+    rb = d.rebalance
+    if not all(isinstance(p, (int, float)) and 0.0 <= p <= 1.0 for p in rb.step_keep):
+        _fail("data.rebalance.step_keep", rb.step_keep, "keep probabilities in [0, 1], one per step index")
+    for dom, share in dict(rb.max_share).items():
+        if not isinstance(share, (int, float)) or not 0.0 < share < 1.0:
+            _fail(f"data.rebalance.max_share.{dom}", share, "a share in (0, 1)")
+    if rb.key not in ("platform", "source"):
+        _fail("data.rebalance.key", rb.key, "platform or source")
     if d.open_think not in ("auto", "on", "off"):
         _fail("data.open_think", d.open_think, "auto, on or off")
     for platform, pair in dict(d.pixels).items():
@@ -163,6 +182,8 @@ def validate(c: mlc.ConfigDict) -> None:
                   "data.min_pixels / data.max_pixels)")
     if c.loss.normalize not in ("sample", "token"):
         _fail("loss.normalize", c.loss.normalize, "sample or token")
+    if c.loss.weighting not in ("paper", "release"):
+        _fail("loss.weighting", c.loss.weighting, "paper or release")
     if c.optim.schedule not in ("cosine", "linear", "constant"):
         _fail("optim.schedule", c.optim.schedule, "cosine, linear or constant")
     if c.optim.lr <= 0:

@@ -117,10 +117,32 @@ def data_config(config, files: list[str], *, for_eval: bool = False) -> dict:
         system_prompt=d.system_prompt or None,
         batch_size=d.batch_size, seq_buckets=buckets, max_length=d.max_length, patch_bucket=d.patch_bucket,
         min_pixels=d.min_pixels or None, max_pixels=d.max_pixels or None, pixels=pixel_pairs(d),
-        open_think=d.open_think, mix=mix if not for_eval else "reasoning",
+        open_think=d.open_think, loss_weighting=config.loss.weighting, mix=mix if not for_eval else "reasoning",
         pack=d.pack and not for_eval, seed=d.seed, shuffle=True, num_epochs=1 if for_eval else None,
         drop_remainder=not for_eval, num_workers=0 if for_eval else d.workers,
-        bad_record_threshold=d.max_bad_fraction, splits=None if for_eval else ("train",))
+        bad_record_threshold=d.max_bad_fraction, splits=None if for_eval else ("train",),
+        **({} if for_eval else rebalance_args(d)))
+
+
+def rebalance_args(cfg_data) -> dict:
+    """``data.rebalance`` as the loader's rebalance_* arguments (nothing when it is off)."""
+    rb = cfg_data.get("rebalance")
+    if rb is None or (not rb.step_keep and not rb.max_share):
+        return {}
+    return dict(rebalance_step_keep={i: float(p) for i, p in enumerate(rb.step_keep)} or None,
+                rebalance_max_share={str(k): float(v) for k, v in dict(rb.max_share).items()} or None,
+                rebalance_key=rb.key)
+
+
+def record_data_info(workdir: str, info: dict) -> None:
+    """Write the loader's index summary (records, samples, and with data.rebalance the
+    distributions by platform, source and step before / after) to ``data_info.json``."""
+    if jax.process_index() != 0:
+        return
+    if "rebalance" in info:
+        log.info("rebalanced data: before %s -> after %s", info["rebalance"]["before"], info["rebalance"]["after"])
+    with open(os.path.join(workdir, "data_info.json"), "w") as f:
+        json.dump(info, f, indent=1, default=str)
 
 
 class TrainData:
@@ -167,6 +189,7 @@ def make_train_data(config, tokenizer, model_config, process_index: int, process
     files = train_files(config, workdir)
     loader = make_sft_loader(data_config(config, files), tokenizer, model_config, shard_index=process_index,
                              shard_count=process_count)
+    record_data_info(workdir, loader.info)
     return TrainData(loader, config.data.max_length)
 
 

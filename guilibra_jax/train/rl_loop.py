@@ -202,6 +202,7 @@ def train_rl(config, workdir: str) -> dict:
     rows = config.data.batch_size * rl.group_size
     dcfg = data_source.data_config(config, data_source.train_files(config, workdir))
     prompts = _Prompts(make_rl_loader(dcfg, tokenizer, model_config, shard_index=0, shard_count=1))
+    data_source.record_data_info(workdir, prompts.loader.info)
     plan = memory_plan(state["params"], list(frozen.values()), rows, config.data.max_length + rl.max_new_tokens,
                        model_config, config.model.param_dtype, config.model.dtype)
     log.info("memory plan (GiB, whole mesh): %s", {k: round(v, 3) for k, v in plan.items()})
