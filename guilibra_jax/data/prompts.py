@@ -18,6 +18,7 @@ of :mod:`guilibra_jax.data`):
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any, Sequence
 
@@ -208,15 +209,35 @@ def chat_prompt_text(system: str, user: str, generation_prefix: str = "") -> str
             + ASSISTANT_START + generation_prefix)
 
 
+def chat_template_of(tokenizer: Any) -> str | None:
+    """The tokenizer's chat template, or the one its folder keeps for the processor
+    (``chat_template.jinja`` / ``chat_template.json``, as Qwen3-VL checkpoints ship it)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if template:
+        return template
+    folder = getattr(tokenizer, "name_or_path", "") or ""
+    if not os.path.isdir(folder):
+        return None
+    jinja, js = os.path.join(folder, "chat_template.jinja"), os.path.join(folder, "chat_template.json")
+    if os.path.exists(jinja):
+        with open(jinja) as f:
+            return f.read()
+    if os.path.exists(js):
+        with open(js) as f:
+            return json.load(f).get("chat_template")
+    return None
+
+
 def template_generation_prefix(tokenizer: Any) -> str:
     """What the tokenizer's chat template writes after ``<|im_start|>assistant\\n`` with
     ``add_generation_prompt=True``: ``"<think>\\n"`` for Qwen3-VL-*-Thinking, ``""`` for
     Instruct models (and for a tokenizer without a chat template)."""
-    if not getattr(tokenizer, "chat_template", None):
+    template = chat_template_of(tokenizer)
+    if not template:
         return ""
     try:
         text = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False,
-                                             add_generation_prompt=True)
+                                             add_generation_prompt=True, chat_template=template)
     except Exception:  # noqa: BLE001 - a template that cannot render a plain turn opens nothing
         return ""
     i = text.rfind(ASSISTANT_START)

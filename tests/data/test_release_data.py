@@ -148,3 +148,16 @@ def test_guilibra_rl_is_grounding_reaches_the_reward_target():
     row["answer"].pop("is_grounding")
     rec = N.record_from_dict(R.guilibra_rl_to_native(row, "rl.parquet:0"), "rl.parquet:0")
     assert not rec.reward_target().is_grounding and "is_grounding" not in rec.target.to_dict()
+
+
+def test_thinking_template_kept_for_the_processor_is_found(tmp_path, qwen_tok):
+    from transformers import AutoTokenizer
+    tok = copy.deepcopy(qwen_tok)
+    tok.chat_template = None
+    tok.save_pretrained(tmp_path)
+    for name in ("chat_template.jinja",):
+        if (tmp_path / name).exists():
+            (tmp_path / name).unlink()
+    (tmp_path / "chat_template.json").write_text(json.dumps({"chat_template": THINKING_TEMPLATE}))
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert P.generation_prefix("auto", loaded) == "<think>\n"

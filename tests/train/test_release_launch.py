@@ -3,8 +3,10 @@ rebalancing (data.rebalance) shapes the prompts a GRPO run draws, recorded in th
 workdir's data_info.json."""
 import json
 import os
+import sys
 
-from test_rl_launch import GRPO, launch, rows
+sys.path.insert(0, os.path.dirname(__file__))
+from test_rl_launch import GRPO, launch, rows  # noqa: E402
 
 
 def test_grpo_run_draws_a_rebalanced_prompt_set(tmp_path):
