@@ -27,6 +27,7 @@ from guilibra_jax.data import bad_records as B
 from guilibra_jax.data import collate as C
 from guilibra_jax.data import images as I
 from guilibra_jax.data import mixing as M
+from guilibra_jax.data import prompts as P
 from guilibra_jax.data import readers as R
 from guilibra_jax.data import samples as S
 from guilibra_jax.data import tokenize as T
@@ -48,6 +49,9 @@ class DataConfig:
     patch_bucket: int = 2048               # pixel_values rows rounded up to a multiple of this
     min_pixels: int | None = None          # image processor bounds (None: family default)
     max_pixels: int | None = None
+    pixels: Any = None                     # platform -> (min, max) pixels; 0 / unlisted: the two above
+    open_think: str = "auto"               # prompt ends with "<think>\n": auto (chat template) | on | off
+    loss_weighting: str = "paper"          # loss.weighting; "release": segments carry the release's flags
     mix: Any = "both"                      # both | reasoning | direct | p (reasoning probability)
     include_action_target: bool = False
     system_prompt: str | None = None       # None: the method's own system turn; else a template
@@ -114,9 +118,10 @@ class SampleView:
 class EncodeSample:
     """grain map: (record, variant, where) -> Sample | Dropped."""
 
-    def __init__(self, spec: S.SampleSpec, tokenizer: Any, img_cfg: I.ImageProcessorConfig,
-                 max_length: int | None, splits: Sequence[str] | None):
+    def __init__(self, spec: S.SampleSpec, tokenizer: Any, img_cfg: "I.ImageProcessorConfig | I.PlatformImageConfigs",
+                 max_length: int | None, splits: Sequence[str] | None, prompt_only_length: bool = False):
         self.spec, self.tokenizer, self.img_cfg = spec, tokenizer, img_cfg
+        self.prompt_only_length = prompt_only_length   # RL: max_length bounds the prompt
         self.ids = T.SpecialIds.of(tokenizer)
         self.max_length = max_length
         self.splits = tuple(splits) if splits else None
@@ -126,7 +131,7 @@ class EncodeSample:
         if self.splits and not isinstance(record, B.Dropped) and record.split not in self.splits:
             return B.Dropped("other_split", where, record.split, bad=False)
         return S.make_sample(record, variant, self.spec, self.tokenizer, self.img_cfg, self.ids,
-                             self.max_length, where)
+                             self.max_length, where, self.prompt_only_length)
 
 
 class Collate:
@@ -211,9 +216,10 @@ def _make_loader(cfg: Any, tokenizer: Any, model_config: Any, rl: bool, shard_in
     ids = T.SpecialIds.of(tokenizer)
     ids.check_model(model_config)
     family = model_config.family
-    spec = S.SampleSpec(cfg.method, family, cfg.include_action_target, cfg.system_prompt or None)
-    img_cfg = I.processor_config(family, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels,
-                                 model_config=model_config)
+    spec = S.SampleSpec(cfg.method, family, cfg.include_action_target, cfg.system_prompt or None,
+                        generation_prefix=P.generation_prefix(cfg.open_think, tokenizer),
+                        weighting=cfg.loss_weighting if not rl else "paper")
+    img_cfg = I.PixelBudgets.from_config(cfg.min_pixels, cfg.max_pixels, cfg.pixels).for_family(family, model_config)
     if source is None:
         source = R.open_source(cfg.inputs, cfg.format, image_root=cfg.image_root,
                                include_unused=cfg.include_unused)
@@ -236,7 +242,7 @@ def _make_loader(cfg: Any, tokenizer: Any, model_config: Any, rl: bool, shard_in
         ds = ds.shuffle(seed=cfg.seed)
     if cfg.num_epochs is None or cfg.num_epochs > 1:
         ds = ds.repeat(cfg.num_epochs)
-    ds = ds.map(EncodeSample(spec, tokenizer, img_cfg, max_len, None if rl else cfg.splits))
+    ds = ds.map(EncodeSample(spec, tokenizer, img_cfg, max_len, None if rl else cfg.splits, rl))
     ds = ds.batch(per_batch, drop_remainder=cfg.drop_remainder, batch_fn=Collate(ccfg, model_config, rl))
     if sc > 1:
         # Shard by batch after the shuffle: process p takes batches p, p + sc, ...; batch k of

@@ -24,7 +24,9 @@ The model answers in its training format and coordinate space, exposed as attrib
 that ``eval.run`` scores this agent with: ``fmt`` "guilibra" (``<answer>`` JSON, run
 method guilibra) or "tool_call" (method mopd); ``coord_space`` the family's
 (qwen2_5_vl: pixels of the resized image, with ``resized_size`` a function of the image
-size; qwen3_vl: 0..1000). The ``fmt`` / ``coord_space`` / ``resized_size`` keywords that
+size and platform, under the run's pixel budgets ``data.pixels``; qwen3_vl: 0..1000). A
+prompt that opened the think block (``data.open_think``) gets ``<think>`` back in the
+response. The ``fmt`` / ``coord_space`` / ``resized_size`` keywords that
 ``eval.run`` passes every agent are therefore ignored.
 """
 
@@ -198,6 +200,7 @@ class CheckpointAgent:
         self.method = config.data.method
         self.fmt = METHOD_FORMAT[self.method]
         self.coord_space, self.resized_size = DS._family_coords(model_config, config.data)
+        self.think_opened = DS.think_opened(config, tokenizer)   # Thinking templates: prompt ends "<think>\n"
         stop = tuple(dict.fromkeys(i for i in (tokenizer.convert_tokens_to_ids("<|im_end|>"),
                                                tokenizer.eos_token_id) if i is not None))
         self.sampling = G.SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens,
@@ -260,8 +263,11 @@ class CheckpointAgent:
         return [self.decode(tokens[i, :lengths[i]]) for i in range(batch["num_samples"])]
 
     def decode(self, ids) -> str:
-        """Text of generated ids without the final stop token (``generate.decode_response``)."""
-        return G.decode_response(self.tokenizer, ids, self.sampling.stop_token_ids)
+        """Text of generated ids without the final stop token (``generate.decode_response``),
+        with ``<think>`` put back when the prompt opened it (``actions.reopen_think``), so
+        that scorers see the whole response."""
+        text = G.decode_response(self.tokenizer, ids, self.sampling.stop_token_ids)
+        return A.reopen_think(text, self.think_opened)
 
 
 @register_agent("checkpoint")

@@ -21,17 +21,18 @@ from typing import Any, Callable, Sequence
 
 from guilibra_jax.envs.env import make_env
 from guilibra_jax.envs.export import heldout_task_seeds
+from guilibra_jax.eval.offline import resized_size_of
 
-ResizedSize = Sequence[int] | Callable[[tuple[int, int]], Sequence[int]] | None
+ResizedSize = Sequence[int] | Callable[..., Sequence[int]] | None
 
 
 def run_episode(agent, platform: str, seed: int, *, max_steps: int = 15,
                 screen_size: Sequence[int] | None = None, coord_space: str = "norm1000",
                 resized_size: ResizedSize = None, save_dir: str | None = None) -> dict[str, Any]:
     """One episode; ``coord_space`` is the space of GUI-Libra responses' point_2d
-    (``resized_size``: (w, h) or a function of the screen size, for "resized_pixels")."""
+    (``resized_size``: (w, h) or a function (screen size, platform), for "resized_pixels")."""
     env = make_env(platform, seed, screen_size, max_steps=max_steps)
-    rs = resized_size(env.screen_size) if callable(resized_size) else resized_size
+    rs = resized_size_of(resized_size, tuple(env.screen_size), platform)
     obs = env.reset()
     if hasattr(agent, "reset"):
         agent.reset(env)

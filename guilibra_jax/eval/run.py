@@ -45,7 +45,7 @@ def resized_size_fn(config) -> Callable[[tuple[int, int]], tuple[int, int]] | No
         return None
     r = config.resize
     kw = {k: int(r[k]) for k in ("min_pixels", "max_pixels") if int(r[k]) > 0}
-    return lambda size: A.resized_size_for(size, r.family, **kw)
+    return lambda size, platform=None: A.resized_size_for(size, r.family, **kw)
 
 
 def _dataset(config, workdir: str) -> tuple[list, str]:

@@ -7,6 +7,7 @@ the layout the family's released checkpoints use.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -130,6 +131,24 @@ def _tensor_files(path: str) -> dict[str, str]:
     return {k: single for k in f.keys()}
 
 
+_EMBED = "model.language_model.embed_tokens.weight"
+
+
+def _untie_if_distinct_head(config: ModelConfig, files: dict, by_canonical: dict) -> ModelConfig:
+  """As transformers' ``from_pretrained``: a config that says tied while the files hold an
+  ``lm_head.weight`` different from the input embeddings loads untied (both kept)."""
+  if not config.tie_word_embeddings or "lm_head.weight" not in by_canonical or _EMBED not in by_canonical:
+    return config
+  head, embed = by_canonical["lm_head.weight"], by_canonical[_EMBED]
+  with safe_open(files[head], framework="flax") as f:
+    a = f.get_tensor(head)
+  with safe_open(files[embed], framework="flax") as f:
+    b = f.get_tensor(embed)
+  if a.shape == b.shape and bool(jnp.array_equal(a, b)):
+    return config
+  return dataclasses.replace(config, tie_word_embeddings=False)
+
+
 def load_hf(path: str, dtype=jnp.float32, param_dtype=jnp.float32, mesh=None, **model_kwargs
             ) -> tuple[QwenVL, ModelConfig]:
   """Load a local HF checkpoint folder (config.json + single or sharded safetensors).
@@ -142,10 +161,11 @@ def load_hf(path: str, dtype=jnp.float32, param_dtype=jnp.float32, mesh=None, **
   """
   path = os.fspath(path)
   config = ModelConfig.from_hf(path)
-  abstract = nnx.eval_shape(lambda: QwenVL(config, dtype=dtype, param_dtype=param_dtype, **model_kwargs))
-  gdef, state = nnx.split(abstract)
   files = _tensor_files(path)
   by_canonical = {canonical_name(k): k for k in files}
+  config = _untie_if_distinct_head(config, files, by_canonical)
+  abstract = nnx.eval_shape(lambda: QwenVL(config, dtype=dtype, param_dtype=param_dtype, **model_kwargs))
+  gdef, state = nnx.split(abstract)
   entries = list(_entries(state, config))
   expected = {e[0] for e in entries}
   unexpected = sorted(k for k in by_canonical if k not in expected and not (

@@ -42,7 +42,8 @@ def compute(rewards: np.ndarray, success: np.ndarray, group_size: int, method: s
     """
     r = group_view(rewards, group_size)
     s = group_view(success, group_size).astype(np.float32)
-    adv = np.asarray(losses.group_advantages(jnp.asarray(r), normalize_std=rl.normalize_std))
+    adv = np.asarray(losses.group_advantages(jnp.asarray(r), normalize_std=rl.normalize_std,
+                                             std_unbiased=rl.get("std_unbiased", False)))
     n = r.shape[0]
     lam = np.ones(n, np.float32)
     kl_mask = np.ones(n, np.float32)

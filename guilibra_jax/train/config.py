@@ -44,16 +44,31 @@ def base_config() -> mlc.ConfigDict:
                              # {platform} and {actions} (a short one keeps CPU demos fast)
         mix="both",          # both (each step as reasoning + direct-action sample: 1:1) |
                              # reasoning | direct | a probability of keeping the reasoning, e.g. "0.5"
-        max_length=4096,     # longer samples are filtered (counted, never silently)
+        max_length=4096,     # longer samples are filtered (counted, never silently); RL: the prompt's
+                             # length (the releases' max_prompt_length)
         seq_buckets=(),      # padded lengths; () = one bucket of max_length (no recompiles)
         patch_bucket=2048,   # pixel rows per batch rounded up to a multiple of this
         min_pixels=0, max_pixels=0,  # image processor bounds; 0 = the family's default
+        pixels={},           # per platform (min, max) pixel bounds, e.g. {"mobile": (40768, 548800)};
+                             # 0 or an unlisted platform: min_pixels / max_pixels (data.images.PixelBudgets)
+        open_think="auto",   # prompts end with "<think>\n" as Qwen3-VL-*-Thinking templates do:
+                             # auto (the tokenizer's chat template decides) | on | off
         batch_size=8, seed=0, workers=0, pack=False,
+        rebalance=dict(      # GUI-Libra's RL subset (data.mixing.rebalance), applied before the mix:
+            step_keep=(),    # keep probability per step index, e.g. (0.3, 0.6): step 0 kept with 0.3,
+                             # step 1 with 0.6, later steps always; () = off
+            max_share={},    # largest share a domain may hold, e.g. {"mobile": 0.5}; {} = off
+            key="platform"), # the record field naming the domain: platform | source
         max_bad_fraction=0.05,
         synthetic=dict(enabled=False, platforms=("desktop", "mobile"), tasks=200, seed=0,
                        test_fraction=0.2, tokenizer_vocab=1024),
     ))
-    c.loss = mlc.ConfigDict(dict(alpha_action=2.0, alpha_grounding=4.0, normalize="sample"))
+    c.loss = mlc.ConfigDict(dict(
+        alpha_action=2.0, alpha_grounding=4.0,
+        normalize="sample",  # sample (the paper: per-sample weighted mean) | token (Σ w·nll / Σ w, the release's)
+        weighting="paper",   # paper: reasoning 1 / action alpha_action / coordinate digits alpha_grounding |
+                             # release: x alpha_action inside <answer>, x alpha_grounding from "point_2d": on
+    ))
     c.optim = mlc.ConfigDict(dict(
         lr=1e-5, warmup_steps=0, schedule="cosine", end_lr_fraction=0.0, weight_decay=0.0,
         b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0,
@@ -65,10 +80,16 @@ def base_config() -> mlc.ConfigDict:
         ppo_epochs=1, minibatches=1,   # optimizer updates per rollout = ppo_epochs * minibatches
         clip_low=0.2, clip_high=0.2, aggregation="token_mean",
         normalize_std=True,  # group advantages (r - mean) / std; False: r - mean (UI-MOPD)
+        std_unbiased=False,  # that std divides by G - 1 (torch.std; GUI-Libra's EasyR1) instead of G
+        dual_clip=0.0,       # dual-clip PPO constant c > 1 capping -A*ratio for A < 0 (EasyR1 3.0,
+                             # UI-MOPD's veRL run 10.0); 0 = off
         kl_beta=0.001, kl_kind="k3", kl_clamp=10.0,   # GRPO's trust region; beta > 0 by design
         reference="",        # GRPO: frozen reference (HF folder or training workdir); "" = start policy
         sngs=dict(enabled=True, lambda0=0.5, kappa=1.5, signal="mean_reward"),  # or success_rate
-        reward=dict(w_fmt=0.1, value_rule="paper", point_tolerance=0.05),
+        reward=dict(w_fmt=0.1, value_rule="paper", point_tolerance=0.05,
+                    format_rule="paper",    # GRPO format reward: paper (parses) | release (r1gui.py)
+                    mopd_rule="strict",     # MOPD reward: strict (ours) | release (gui_agent.py)
+                    check_tool_name=True),  # MOPD: the type point needs the label's tool name too
         teachers={},         # MOPD: platform label -> HF folder, training workdir or random:<seed> ("*": any other)
         teacher_model_name="",  # architecture of unset teachers for launch.plan (a named size); "" = the policy's
         # MOPD's adaptive KL mask and pass-rate floor: off (the UI-MOPD release script) | paper (the
@@ -175,8 +196,26 @@ def validate(c: mlc.ConfigDict, *, planning: bool = False) -> None:
             _fail(f"data.{key}", d[key], "a positive integer")
     if not 0.0 <= d.max_bad_fraction <= 1.0:
         _fail("data.max_bad_fraction", d.max_bad_fraction, "a fraction in [0, 1]")
+    rb = d.rebalance
+    if not all(isinstance(p, (int, float)) and 0.0 <= p <= 1.0 for p in rb.step_keep):
+        _fail("data.rebalance.step_keep", rb.step_keep, "keep probabilities in [0, 1], one per step index")
+    for dom, share in dict(rb.max_share).items():
+        if not isinstance(share, (int, float)) or not 0.0 < share < 1.0:
+            _fail(f"data.rebalance.max_share.{dom}", share, "a share in (0, 1)")
+    if rb.key not in ("platform", "source"):
+        _fail("data.rebalance.key", rb.key, "platform or source")
+    if d.open_think not in ("auto", "on", "off"):
+        _fail("data.open_think", d.open_think, "auto, on or off")
+    for platform, pair in dict(d.pixels).items():
+        ok = isinstance(pair, (tuple, list)) and len(pair) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in pair)
+        if not ok or (pair[0] and pair[1] and pair[0] > pair[1]):
+            _fail(f"data.pixels.{platform}", pair, "(min, max) pixel counts with 0 <= min <= max (0: "
+                  "data.min_pixels / data.max_pixels)")
     if c.loss.normalize not in ("sample", "token"):
         _fail("loss.normalize", c.loss.normalize, "sample or token")
+    if c.loss.weighting not in ("paper", "release"):
+        _fail("loss.weighting", c.loss.weighting, "paper or release")
     if c.optim.schedule not in ("cosine", "linear", "constant"):
         _fail("optim.schedule", c.optim.schedule, "cosine, linear or constant")
     if c.optim.lr <= 0:
@@ -237,6 +276,16 @@ def _validate_rl(c: mlc.ConfigDict, planning: bool = False) -> None:
     if rows % (r.minibatches * c.train.grad_accum):
         _fail("rl.minibatches", r.minibatches, f"a divisor of (rl.update_groups or data.batch_size) * "
               f"rl.group_size = {rows} together with train.grad_accum = {c.train.grad_accum}")
+    if r.dual_clip != 0 and not r.dual_clip > 1.0:
+        _fail("rl.dual_clip", r.dual_clip, "0 (off) or a constant > 1 (the release uses 3.0)")
+    if not isinstance(r.std_unbiased, bool):
+        _fail("rl.std_unbiased", r.std_unbiased, "True or False")
+    if r.reward.format_rule not in ("paper", "release"):
+        _fail("rl.reward.format_rule", r.reward.format_rule, "paper or release")
+    if r.reward.mopd_rule not in ("strict", "release"):
+        _fail("rl.reward.mopd_rule", r.reward.mopd_rule, "strict or release")
+    if not isinstance(r.reward.check_tool_name, bool):
+        _fail("rl.reward.check_tool_name", r.reward.check_tool_name, "True or False")
     if c.method == "grpo":
         if r.kl_kind not in KL_KINDS:
             _fail("rl.kl_kind", r.kl_kind, f"one of {KL_KINDS}")

@@ -118,6 +118,25 @@ def per_process_batch(config) -> int:
     return config.data.batch_size // n
 
 
+def pixel_pairs(cfg_data) -> dict[str, tuple[int, int]]:
+    """``data.pixels`` as {platform: (min, max)} (0: data.min_pixels / data.max_pixels)."""
+    return {str(k): (int(v[0]), int(v[1])) for k, v in dict(cfg_data.get("pixels") or {}).items()}
+
+
+def pixel_budgets(cfg_data):
+    """The run's :class:`data.images.PixelBudgets`: the one answer to "which pixel bounds
+    for this platform", for training, RL prompts, the evaluator and the eval agent."""
+    from guilibra_jax.data.images import PixelBudgets
+    return PixelBudgets.from_config(cfg_data.min_pixels, cfg_data.max_pixels, pixel_pairs(cfg_data))
+
+
+def think_opened(config, tokenizer) -> bool:
+    """Whether the run's prompts open the think block (``data.open_think``; "auto": the
+    tokenizer's chat template), so responses may lack ``<think>``."""
+    from guilibra_jax.data import prompts as P
+    return P.opens_think(P.generation_prefix(config.data.open_think, tokenizer))
+
+
 def data_config(config, files: list[str], *, for_eval: bool = False) -> dict:
     d = config.data
     mix: Any = d.mix
@@ -129,10 +148,33 @@ def data_config(config, files: list[str], *, for_eval: bool = False) -> dict:
         system_prompt=d.system_prompt or None,
         batch_size=d.batch_size if for_eval else per_process_batch(config), seq_buckets=buckets,
         max_length=d.max_length, patch_bucket=d.patch_bucket,
-        min_pixels=d.min_pixels or None, max_pixels=d.max_pixels or None, mix=mix if not for_eval else "reasoning",
+        min_pixels=d.min_pixels or None, max_pixels=d.max_pixels or None, pixels=pixel_pairs(d),
+        open_think=d.open_think, loss_weighting=config.loss.weighting, mix=mix if not for_eval else "reasoning",
         pack=d.pack and not for_eval, seed=d.seed, shuffle=True, num_epochs=1 if for_eval else None,
         drop_remainder=not for_eval, num_workers=0 if for_eval else d.workers,
-        bad_record_threshold=d.max_bad_fraction, splits=None if for_eval else ("train",))
+        bad_record_threshold=d.max_bad_fraction, splits=None if for_eval else ("train",),
+        **({} if for_eval else rebalance_args(d)))
+
+
+def rebalance_args(cfg_data) -> dict:
+    """``data.rebalance`` as the loader's rebalance_* arguments (nothing when it is off)."""
+    rb = cfg_data.get("rebalance")
+    if rb is None or (not rb.step_keep and not rb.max_share):
+        return {}
+    return dict(rebalance_step_keep={i: float(p) for i, p in enumerate(rb.step_keep)} or None,
+                rebalance_max_share={str(k): float(v) for k, v in dict(rb.max_share).items()} or None,
+                rebalance_key=rb.key)
+
+
+def record_data_info(workdir: str, info: dict) -> None:
+    """Write the loader's index summary (records, samples, and with data.rebalance the
+    distributions by platform, source and step before / after) to ``data_info.json``."""
+    if jax.process_index() != 0:
+        return
+    if "rebalance" in info:
+        log.info("rebalanced data: before %s -> after %s", info["rebalance"]["before"], info["rebalance"]["after"])
+    with open(os.path.join(workdir, "data_info.json"), "w") as f:
+        json.dump(info, f, indent=1, default=str)
 
 
 class TrainData:
@@ -179,35 +221,42 @@ def make_train_data(config, tokenizer, model_config, process_index: int, process
     files = train_files(config, workdir)
     loader = make_sft_loader(data_config(config, files), tokenizer, model_config, shard_index=process_index,
                              shard_count=process_count)
+    record_data_info(workdir, loader.info)
     return TrainData(loader, config.data.max_length)
 
 
 # ----------------------------------------------------------------------------- evaluation
 
 def _family_coords(model_config, cfg_data):
+    """(coordinate space, resized(size, platform=None) -> (w, h)) of the model family under
+    the run's pixel budgets."""
     family = model_config.family
     space = A.FAMILY_COORD_SPACE[family]
-    kw = {}
-    if cfg_data.min_pixels:
-        kw["min_pixels"] = cfg_data.min_pixels
-    if cfg_data.max_pixels:
-        kw["max_pixels"] = cfg_data.max_pixels
-    return space, (lambda size: A.resized_size_for(size, family, **kw))
+    budgets = pixel_budgets(cfg_data)
+
+    def resized(size, platform=None):
+        lo, hi = budgets.bounds(platform)
+        return A.resized_size_for(size, family, min_pixels=lo, max_pixels=hi)
+    return space, resized
 
 
-def constant_baseline(train_targets: list[R.Target], eval_targets: list[R.Target], space: str, resized) -> float:
+def constant_baseline(train_targets: list[R.Target], eval_targets: list[R.Target], space: str, resized,
+                      eval_platforms: list[str | None] | None = None) -> float:
     """Best step accuracy of answering every held-out step with one fixed action: the
-    most frequent training actions (type, value, rounded point), each tried."""
+    most frequent training actions (type, value, rounded point), each tried.
+    ``resized(size, platform)`` sizes each held-out image (``eval_platforms``)."""
+    platforms = eval_platforms or [None] * len(eval_targets)
     counts = collections.Counter(
         (t.action_type, t.value, None if t.point is None else (round(t.point[0], 2), round(t.point[1], 2)))
         for t in train_targets)
     best = 0.0
     for (atype, value, point), _ in counts.most_common(20):
         accs = []
-        for t in eval_targets:
-            p = None if point is None else A.from_unit(point, space, resized_size=resized(t.image_size))
+        for t, plat in zip(eval_targets, platforms):
+            rs = resized(t.image_size, plat)
+            p = None if point is None else A.from_unit(point, space, resized_size=rs)
             text = A.render_response(A.Action(atype, "", value, p))
-            accs.append(R.guilibra_reward(text, t, coord_space=space, resized_size=resized(t.image_size)).accuracy)
+            accs.append(R.guilibra_reward(text, t, coord_space=space, resized_size=rs).accuracy)
         best = max(best, float(np.mean(accs)) if accs else 0.0)
     return best
 
@@ -228,6 +277,7 @@ def make_evaluator(config, tokenizer, model_config, graphdef, workdir: str, mesh
         return None
     files = eval_files(config, workdir)
     space, resized = _family_coords(model_config, config.data)
+    opened = think_opened(config, tokenizer)
     eval_cfg = data_config(config, files, for_eval=True)
     eval_cfg["batch_size"] = min(config.data.batch_size, config.train.eval_samples)
     eval_cfg["seq_buckets"] = (config.data.max_length,)
@@ -270,11 +320,14 @@ def make_evaluator(config, tokenizer, model_config, graphdef, workdir: str, mesh
                 if target is None or not batch["row_valid"][i]:
                     continue
                 text = G.decode_response(tokenizer, tokens[i, :lengths[i]], stop)
-                r = R.guilibra_reward(text, target, coord_space=space, resized_size=resized(target.image_size))
+                r = R.guilibra_reward(text, target, coord_space=space,
+                                      resized_size=resized(target.image_size, batch["platform"][i]),
+                                      think_opened=opened)
                 rows.append((batch["platform"][i], r, text, target))
             if MH.gather_counts(len(rows)).sum() >= config.train.eval_samples:
                 break
         local_targets = [r[3] for r in rows]    # the constant baseline: this process's share
+        local_platforms = [r[0] for r in rows]
         if procs > 1:   # every process's rows, in process order (texts: process 0's only)
             scores = MH.gather_rows(np.array([[r[1].accuracy, r[1].action_type, r[1].format] for r in rows],
                                              np.float64).reshape(-1, 3))
@@ -285,7 +338,7 @@ def make_evaluator(config, tokenizer, model_config, graphdef, workdir: str, mesh
         rows = rows[:config.train.eval_samples]
         if "value" not in baseline_cache:
             baseline_cache["value"] = constant_baseline(train_targets, local_targets[:config.train.eval_samples],
-                                                        space, resized)
+                                                        space, resized, local_platforms[:config.train.eval_samples])
         metrics = {"eval/samples": len(rows), "eval/constant_baseline_step_acc": baseline_cache["value"]}
         for name, group in [("all", rows)] + [(p, [r for r in rows if r[0] == p]) for p in sorted({r[0] for r in rows})]:
             if not group:

@@ -135,7 +135,7 @@ def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict
 
     step_fn = make_sft_step(graphdef, tx, alpha_action=config.loss.alpha_action,
                             alpha_grounding=config.loss.alpha_grounding, normalize=config.loss.normalize,
-                            schedule=schedule)
+                            schedule=schedule, weighting=config.loss.weighting)
     jit_step = jax.jit(step_fn, in_shardings=(state_sh, None), out_shardings=(state_sh, None), donate_argnums=0)
     if tc.memory_plan:
         from guilibra_jax.train import plan as PLAN

@@ -76,6 +76,7 @@ class Stage2:
     stop: tuple
     banned: tuple
     row_multiple: int       # rows per process of any global batch: a multiple of this
+    think_opened: bool = False   # prompts open <think> (data.open_think): responses may lack it
 
     @property
     def rl(self):
@@ -98,9 +99,9 @@ def loss_kwargs(config) -> dict:
     rl = config.rl
     if config.method == "grpo":
         return dict(clip_low=rl.clip_low, clip_high=rl.clip_high, kl_beta=rl.kl_beta, kl_kind=rl.kl_kind,
-                    kl_clamp=rl.kl_clamp or None, aggregation=rl.aggregation)
+                    kl_clamp=rl.kl_clamp or None, aggregation=rl.aggregation, dual_clip=rl.dual_clip or None)
     return dict(beta=rl.mopd.beta, clip_low=rl.clip_low, clip_high=rl.clip_high, kl_clamp=rl.kl_clamp or None,
-                aggregation=rl.aggregation)
+                aggregation=rl.aggregation, dual_clip=rl.dual_clip or None)
 
 
 def setup(config, mesh, tokenizer, *, materialize: bool = True) -> tuple[Stage2, dict, dict]:
@@ -142,7 +143,8 @@ def setup(config, mesh, tokenizer, *, materialize: bool = True) -> tuple[Stage2,
                                 banned_token_ids=banned)
     dp = int(np.prod([mesh.shape[a] for a in S.BATCH_AXES]))
     s2 = Stage2(config, mesh, graphdef, model_config, tokenizer, sampling, frozen, update_fn, pad_id, stop, banned,
-                row_multiple=max(1, dp // jax.process_count()))
+                row_multiple=max(1, dp // jax.process_count()),
+                think_opened=data_source.think_opened(config, tokenizer) if tokenizer is not None else False)
     return s2, state, state_sh
 
 
@@ -208,7 +210,10 @@ def reward(s: Stage2, ro: RO.Rollout) -> RO.Scored:
     """Rewards and passes of the rollout's responses (invalid rows score 0, never pass)."""
     rw = s.rl.reward
     return RO.score_responses(ro.texts, ro, s.method, coord_space=A.FAMILY_COORD_SPACE[s.model_config.family],
-                              w_fmt=rw.w_fmt, value_rule=rw.value_rule, point_tolerance=rw.point_tolerance)
+                              w_fmt=rw.w_fmt, value_rule=rw.value_rule, point_tolerance=rw.point_tolerance,
+                              format_rule=rw.format_rule, think_opened=s.think_opened,
+                              think_tag=A.THINK_TAG[s.model_config.family], mopd_rule=rw.mopd_rule,
+                              check_tool_name=rw.check_tool_name)
 
 
 @dataclasses.dataclass
@@ -434,6 +439,7 @@ def train_rl(config, workdir: str) -> dict:
     dcfg = data_source.data_config(config, data_source.train_files(config, workdir))
     prompts = Prompts(make_rl_loader(dcfg, tokenizer, s.model_config, shard_index=jax.process_index(),
                                      shard_count=jax.process_count()))
+    data_source.record_data_info(workdir, prompts.loader.info)
     if tc.memory_plan:
         from guilibra_jax.train import plan as PLAN
         report = PLAN.plan_stage2(s, state, state_sh, device_memory_gib=PLAN.device_memory_gib(mesh))
