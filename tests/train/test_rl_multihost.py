@@ -97,6 +97,20 @@ def wait_for_step(workdir, step, procs, timeout=600):
     raise TimeoutError(f"step {step} never logged")
 
 
+def wait_for_checkpoint(workdir, procs, timeout=600):
+    """Until a finished checkpoint (a step directory, renamed from its temporary name once
+    written) exists: a kill after it must resume from it."""
+    path = os.path.join(workdir, "checkpoints")
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if any(p.poll() is not None for p in procs):
+            raise AssertionError("a process ended early")
+        if os.path.isdir(path) and any(d.isdigit() for d in os.listdir(path)):
+            return
+        time.sleep(0.1)
+    raise TimeoutError("no checkpoint was ever written")
+
+
 @pytest.fixture(scope="module")
 def grpo_two(tmp_path_factory):
     """The uninterrupted 2-process GRPO run."""
@@ -121,7 +135,7 @@ def test_kill_9_of_one_process_then_rerun_equals_uninterrupted(grpo_two, tmp_pat
     full_dir, full = grpo_two
     workdir = str(tmp_path / "killed")
     procs = start(workdir, GRPO, processes=2, devices=2)
-    wait_for_step(workdir, 1, procs)
+    wait_for_checkpoint(workdir, procs)
     procs[1].send_signal(signal.SIGKILL)
     time.sleep(1.0)
     procs[0].send_signal(signal.SIGKILL)   # the scheduler takes the job down with it
