@@ -26,12 +26,16 @@ def main(argv):
     for noisy in ("absl", "orbax", "jax", "grain"):  # library chatter: warnings only
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from guilibra_jax.train import config as run_config
-    from guilibra_jax.train import loop, rl_loop
 
     config = _CONFIG.value
-    run_config.validate(config)
+    run_config.validate(config)  # before jax, flax and the models are imported: a bad key fails in a second
     d = config.distributed
     distributed.initialize(d.coordinator_address, d.num_processes, d.process_id, d.local_device_ids)
+    import jax
+
+    run_config.validate(config, device_count=jax.device_count())  # the mesh against the devices
+    from guilibra_jax.train import loop, rl_loop
+
     run = loop.train if config.method == "sft" else rl_loop.train_rl
     row = run(config, _WORKDIR.value)
     logging.info("final: %s", row)

@@ -9,6 +9,7 @@ import glob
 import json
 import logging
 import os
+import shutil
 from typing import Any
 
 import jax
@@ -37,8 +38,14 @@ def ensure_synthetic_data(config, workdir: str) -> dict:
         with open(manifest_path) as f:
             return json.load(f)
     if jax.process_index() == 0:
-        manifest = export_dataset(out, platforms=tuple(s.platforms), n_tasks=s.tasks, seed=s.seed,
+        # Written aside and renamed when complete: a run killed mid-export leaves no
+        # half dataset that a rerun would take for the whole one.
+        partial = out + ".partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        manifest = export_dataset(partial, platforms=tuple(s.platforms), n_tasks=s.tasks, seed=s.seed,
                                   split_fraction=s.test_fraction, extra_formats=())
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(partial, out)
         log.info("synthetic dataset: %s", {k: v for k, v in manifest.items() if "count" in k or k == "seconds"})
         return manifest
     raise RuntimeError("synthetic data must be exported by process 0 first")
@@ -77,14 +84,38 @@ def prepare_tokenizer(config, workdir: str):
     out = os.path.join(workdir, "tokenizer")
     if not os.path.exists(os.path.join(out, "tokenizer.json")):
         from guilibra_jax.data.demo_tokenizer import build_demo_tokenizer, demo_corpus
-        from guilibra_jax.envs.export import load_records
-        records = []
-        for f in train_files(config, workdir):
-            records.extend(load_records(f))
+        records = readable_records(config, train_files(config, workdir))
         family = config.model.tiny.family
+        partial = out + ".partial"  # renamed when complete (a killed run leaves no half tokenizer)
+        shutil.rmtree(partial, ignore_errors=True)
         build_demo_tokenizer(demo_corpus(records, family, (config.data.method,)),
-                             config.data.synthetic.tokenizer_vocab, out)
+                             config.data.synthetic.tokenizer_vocab, partial)
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(partial, out)
     return load_tokenizer(out)
+
+
+def readable_records(config, files: list[str]) -> list:
+    """The records of ``files`` (in ``data.format``) that parse; bad ones are skipped
+    here (the training loader counts them when it meets them)."""
+    from guilibra_jax.data import bad_records as B
+    from guilibra_jax.data import readers
+    source = readers.open_source(files, config.data.format, image_root=config.data.image_root or None)
+    return [r for r in source if not isinstance(r, B.Dropped)]
+
+
+def drop_metrics(loader) -> dict[str, int]:
+    """Counters of the records ``loader`` (a data.pipeline iterator, or anything holding
+    one as ``.loader``) skipped or filtered so far, by reason, for a metrics row
+    (``data/kept``, ``data/bad/<reason>``, ``data/filtered/<reason>``); {} if it keeps none."""
+    log_ = getattr(loader, "bad_records", None) or getattr(getattr(loader, "loader", None), "bad_records", None)
+    return log_.as_metrics() if log_ is not None else {}
+
+
+def drop_report(loader) -> str:
+    """One line for the end of a run: samples used, bad records and filtered ones by reason."""
+    log_ = getattr(loader, "bad_records", None) or getattr(getattr(loader, "loader", None), "bad_records", None)
+    return log_.report() if log_ is not None else "no record counts (the data source keeps none)"
 
 
 def data_config(config, files: list[str], *, for_eval: bool = False) -> dict:
@@ -186,7 +217,6 @@ def make_evaluator(config, tokenizer, model_config, graphdef, workdir: str):
     next to the best constant-action baseline."""
     from guilibra_jax import generate as G
     from guilibra_jax.data.pipeline import make_rl_loader
-    from guilibra_jax.envs.export import load_records
 
     if config.data.method != "guilibra":
         log.warning("offline eval hook scores GUI-Libra responses only; data.method=%s: disabled",
@@ -201,7 +231,7 @@ def make_evaluator(config, tokenizer, model_config, graphdef, workdir: str):
                  if i is not None)
     sampling = G.SamplingConfig(temperature=0.0, max_new_tokens=config.train.eval_max_new_tokens,
                                 stop_token_ids=stop, pad_token_id=tokenizer.pad_token_id or 0)
-    train_targets = [r.reward_target() for f in train_files(config, workdir) for r in load_records(f)]
+    train_targets = [r.reward_target() for r in readable_records(config, train_files(config, workdir))]
     baseline_cache: dict[str, float] = {}
 
     def evaluate(params, step: int) -> dict:

@@ -18,11 +18,12 @@ import numpy as np
 from flax import nnx
 
 from guilibra_jax import sharding as S
+from guilibra_jax.errors import ConfigError
 from guilibra_jax.train import checkpoint as C
-from guilibra_jax.train import model_factory
+from guilibra_jax.train import model_factory, run_history
 from guilibra_jax.train.batching import put_batch, stack_micro_batches  # noqa: F401 (re-exported)
 from guilibra_jax.train.metrics import MetricsWriter, Progress
-from guilibra_jax.train.optimizer import make_optimizer
+from guilibra_jax.train.optimizer import make_optimizer, param_paths, unmatched_patterns
 from guilibra_jax.train.sft_step import make_sft_step
 from guilibra_jax.train.step_core import init_state
 
@@ -53,8 +54,15 @@ class _Preemption:
 
 
 def optimizer_from_config(config, params, total_steps: int):
-    """(tx, schedule) of ``config.optim`` over ``total_steps`` optimizer updates."""
+    """(tx, schedule) of ``config.optim`` over ``total_steps`` optimizer updates. A
+    freeze / lr-multiplier regex that matches no parameter path is a ConfigError."""
     o = config.optim
+    for key, patterns in (("optim.freeze", tuple(o.freeze)), ("optim.lr_multipliers", tuple(o.lr_multipliers))):
+        unmatched = unmatched_patterns(params, patterns)
+        if unmatched:
+            example = jax.tree.leaves(param_paths(params))[:3]
+            raise ConfigError(f"config key {key} pattern {unmatched[0]!r} matches no parameter path (paths look "
+                              f"like {', '.join(example)}; re.search over '/'-joined paths)")
     return make_optimizer(params, lr=o.lr, total_steps=total_steps, warmup_steps=o.warmup_steps,
                           schedule=o.schedule, weight_decay=o.weight_decay, b1=o.b1, b2=o.b2, eps=o.eps,
                           clip_norm=o.clip_norm, lr_multipliers=dict(o.lr_multipliers), freeze=tuple(o.freeze),
@@ -72,16 +80,20 @@ def sharded_state(params, tx, param_sh, mesh) -> tuple[dict, dict]:
 
 
 def open_checkpoints(workdir: str, tc, state, data) -> tuple[C.Checkpointer, int, dict]:
-    """(checkpointer, start step, state): the latest complete checkpoint of ``workdir``
-    restored into ``state``'s shardings and ``data``'s iterator, or step 0 as given."""
+    """(checkpointer, start step, state): the newest checkpoint of ``workdir`` that
+    restores (damaged newer ones skipped with a warning, see
+    ``Checkpointer.restore_latest``), into ``state``'s shardings and ``data``'s
+    iterator; or step 0 as given when there is none. Logs which step it resumed from."""
     ckpt = C.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=tc.keep_checkpoints,
                           async_save=tc.async_checkpoints)
-    start = 0
-    if ckpt.latest_step() is not None:
-        start, state, data_state = ckpt.restore(state)
-        if data_state is not None:
-            data.set_state(data_state)
-        log.info("resumed from step %d", start)
+    restored = ckpt.restore_latest(state)
+    if restored is None:
+        log.info("no checkpoint in %s: starting from step 0", ckpt.directory)
+        return ckpt, 0, state
+    start, state, data_state = restored
+    if data_state is not None:
+        data.set_state(data_state)
+    log.info("resumed from step %d (%s)", start, ckpt.step_dir(start))
     return ckpt, start, state
 
 
@@ -118,8 +130,7 @@ def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict
 
     os.makedirs(workdir, exist_ok=True)
     is_main = jax.process_index() == 0
-    if is_main:
-        C.write_json(os.path.join(workdir, "config.json"), config.to_dict())
+    run_history.record_config(config, workdir, is_main=is_main)
 
     mesh = S.make_mesh(dict(config.mesh))
     tokenizer = data_source.prepare_tokenizer(config, workdir)
@@ -163,6 +174,7 @@ def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict
                 metrics = jax.device_get(metrics)
                 now = time.time()
                 metrics["tokens_per_s"] = tokens_since / max(now - t_last, 1e-9)
+                metrics.update(data_source.drop_metrics(data))
                 t_last, tokens_since = now, 0.0
                 last_row = writer.write(step, metrics)
                 progress.update(step, last_row)
@@ -171,6 +183,7 @@ def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict
             if preempt.requested:
                 break
     finish_run(step, state, tc, ckpt, progress, writer, graphdef, model_config, tokenizer, workdir, is_main)
+    log.info("data: %s", data_source.drop_report(data))
     if hasattr(data, "close"):
         data.close()
     return last_row

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from guilibra_jax import models as M
+from guilibra_jax.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,11 @@ def build_model(config: Any, tokenizer) -> tuple[M.QwenVL, M.ModelConfig]:
     if mc.name == "tiny":
         model_config = tiny_model_config(mc.tiny, tokenizer)
     else:
-        model_config = M.named_config(mc.name)
+        try:
+            model_config = M.named_config(mc.name)
+        except KeyError as e:
+            raise ConfigError(f"config key model.name = {mc.name!r} is invalid: expected 'tiny' or a named size "
+                              f"({e.args[0]})") from None
     model = M.QwenVL(model_config, rngs=nnx.Rngs(mc.seed), **kw)
     return model, model_config
 

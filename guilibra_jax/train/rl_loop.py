@@ -34,6 +34,7 @@ from guilibra_jax.models.vision import device_vision_inputs
 from guilibra_jax.train import checkpoint as C
 from guilibra_jax.train import model_factory
 from guilibra_jax.train import rollout as RO
+from guilibra_jax.train import run_history
 from guilibra_jax.train.batching import put_batch, stack_micro_batches
 from guilibra_jax.train.loop import (_Preemption, eval_and_checkpoint, finish_run, open_checkpoints,
                                      optimizer_from_config, sharded_state)
@@ -171,7 +172,7 @@ def train_rl(config, workdir: str) -> dict:
             "and routing are computed on the host of that process. Multi-host RL needs per-process "
             "rollout gathering, which is not built yet.")
     os.makedirs(workdir, exist_ok=True)
-    C.write_json(os.path.join(workdir, "config.json"), config.to_dict())
+    run_history.record_config(config, workdir)
     mesh = S.make_mesh(dict(config.mesh))
     tokenizer = data_source.prepare_tokenizer(config, workdir)
     model, model_config = model_factory.build_model(config, tokenizer)

@@ -1,8 +1,11 @@
-"""`python -m launch.train` end to end on the tiny demo config: resume after kill -9
-equals an uninterrupted run, SIGTERM leaves a checkpoint, config errors name the key,
-and the exported Hugging Face folder loads in transformers with matching logits."""
+"""`python -m launch.train` end to end on the tiny demo config: kill -9 during an
+asynchronous save and at a random moment, then reruns, leave parameters bitwise equal to
+an uninterrupted run's (each rerun says which step it resumed from); SIGTERM leaves a
+checkpoint; config errors name the key; the exported Hugging Face folder loads in
+transformers with matching logits."""
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -11,9 +14,14 @@ import time
 import numpy as np
 import pytest
 
+import chaos
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Asynchronous checkpoints (the default) every 2 steps: a kill can cut a save short, and
+# a resume may have to redo steps.
 SMOKE = ["--config=configs/demo.py:smoke", "--config.data.synthetic.tasks=8", "--config.train.steps=6",
-         "--config.train.checkpoint_every=2", "--config.train.async_checkpoints=False"]
+         "--config.train.checkpoint_every=2"]
+SEED = int(os.environ.get("GUILIBRA_CHAOS_SEED", time.time_ns() % 2**31))
 
 
 def launch(workdir, *extra, wait=True):
@@ -22,17 +30,6 @@ def launch(workdir, *extra, wait=True):
     if not wait:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    return out
-
-
-def losses(workdir):
-    """step -> loss, the last logged value per step (a resumed run logs again)."""
-    out = {}
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        for line in f:
-            row = json.loads(line)
-            if "loss" in row:
-                out[row["step"]] = row["loss"]
     return out
 
 
@@ -49,27 +46,28 @@ def wait_for_step(workdir, step, proc, timeout=600):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
+def uninterrupted(tmp_path_factory, compile_cache):
     workdir = str(tmp_path_factory.mktemp("full"))
-    out = launch(workdir)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    out = chaos.run_to_end(workdir, SMOKE, compile_cache)
+    assert chaos.resumed_from(out) == 0  # a fresh workdir says it starts from step 0
     return workdir
 
 
-def test_kill_9_then_rerun_matches_uninterrupted(uninterrupted, tmp_path):
+def test_kill_9_during_an_async_save_and_at_a_random_moment_then_reruns_are_bitwise_exact(
+        uninterrupted, compile_cache, tmp_path):
     workdir = str(tmp_path / "killed")
-    proc = launch(workdir, wait=False)
-    wait_for_step(workdir, 3, proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    steps_done = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
-    assert steps_done and max(steps_done) < 6
-    out = launch(workdir)  # the same command resumes
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    ref, resumed = losses(uninterrupted), losses(workdir)
-    assert sorted(ref) == list(range(1, 7))
-    for step in range(max(steps_done) + 1, 7):
-        np.testing.assert_allclose(resumed[step], ref[step], rtol=1e-5, err_msg=f"step {step}")
+    cut = chaos.kill_during_save(workdir, SMOKE, compile_cache, min_step=4)
+    assert chaos.unfinished_saves(workdir), "the kill did not land inside an asynchronous save"
+    assert max(chaos.complete_steps(workdir), default=0) < cut
+    # The next launch resumes from the newest complete checkpoint before the cut save
+    # (removing the unfinished one); it is killed again at a random moment.
+    notes = chaos.chaos_run(workdir, SMOKE, compile_cache, random.Random(SEED), kills=1, steps=6)
+    assert not chaos.unfinished_saves(workdir)
+    assert chaos.complete_steps(workdir)[-1] == 6
+    chaos.assert_bitwise_equal_exports(uninterrupted, workdir)
+    last = {r["step"]: r["loss"] for r in chaos.metric_rows(workdir)}  # a step logged again: the last row
+    ref = {r["step"]: r["loss"] for r in chaos.metric_rows(uninterrupted)}
+    assert 6 in last and all(last[s] == loss for s, loss in ref.items() if s in last), (SEED, notes)
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
