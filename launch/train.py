@@ -33,7 +33,7 @@ def main(argv):
     distributed.initialize(d.coordinator_address, d.num_processes, d.process_id, d.local_device_ids)
     import jax
 
-    run_config.validate(config, device_count=jax.device_count())  # the mesh against the devices
+    run_config.validate(config, jax.device_count(), jax.process_count())  # the mesh against the devices
     from guilibra_jax.train import loop, rl_loop
 
     run = loop.train if config.method == "sft" else rl_loop.train_rl

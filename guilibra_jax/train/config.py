@@ -229,7 +229,7 @@ RULES: dict[str, K.Check] = {
 _fail = K.fail
 
 
-def _check_model(c, _devices) -> None:
+def _check_model(c, _devices, _processes) -> None:
     t = c.model.tiny
     if c.model.hf_path or c.model.name != "tiny":
         return
@@ -246,7 +246,7 @@ def _check_model(c, _devices) -> None:
         _fail("model.tiny.mrope_section", tuple(t.mrope_section), f"3 sizes summing to head_dim / 2 = {half}")
 
 
-def _check_data(c, _devices) -> None:
+def _check_data(c, _devices, _processes) -> None:
     d = c.data
     if not d.synthetic.enabled:
         if not d.train_files:
@@ -278,7 +278,7 @@ def _mesh_sizes(c, devices: int | None) -> dict[str, int | None]:
     return sizes
 
 
-def _check_mesh_and_batch(c, devices) -> None:
+def _check_mesh_and_batch(c, devices, processes) -> None:
     axes = ("data", "fsdp", "tensor")
     if sum(c.mesh[a] == -1 for a in axes) > 1:
         _fail("mesh", {a: c.mesh[a] for a in axes}, "at most one axis of size -1 (the rest of the devices)")
@@ -294,7 +294,7 @@ def _check_mesh_and_batch(c, devices) -> None:
     # Rows are split over the data-parallel axes (data x fsdp); a size not known yet
     # (-1 without a device count) checks what is known.
     dp = (sizes["data"] or 1) * (sizes["fsdp"] or 1)
-    procs = max(c.distributed.num_processes, 1)
+    procs = processes or max(c.distributed.num_processes, 1)
     if c.method == "sft":
         rows, key = c.data.batch_size * procs, "data.batch_size"
         if rows % dp:
@@ -321,7 +321,7 @@ def check_teachers(teachers, platforms) -> None:
               f"(add them, or '*' for a default teacher)")
 
 
-def _check_rl(c, _devices) -> None:
+def _check_rl(c, _devices, _processes) -> None:
     r = c.rl
     if c.method == "grpo":
         if r.reference and not os.path.isdir(r.reference):
@@ -340,14 +340,14 @@ def _check_rl(c, _devices) -> None:
             _fail("data.method", c.data.method, "mopd for method=mopd (tool-call rewards)")
 
 
-def _check_distributed(c, _devices) -> None:
+def _check_distributed(c, _devices, _processes) -> None:
     d = c.distributed
     if d.num_processes > 1 and d.coordinator_address and not 0 <= d.process_id < d.num_processes:
         _fail("distributed.process_id", d.process_id, f"in [0, {d.num_processes}) when distributed.num_processes "
               f"= {d.num_processes} (or JAX_PROCESS_ID in the environment, with -1 here)")
 
 
-# (config, device count or None) -> None; raise through _fail naming the key.
+# (config, device count, process count; None when not known yet) -> None; raise through _fail naming the key.
 CROSS_CHECKS = [_check_model, _check_data, _check_mesh_and_batch, _check_rl, _check_distributed]
 
 
@@ -362,10 +362,10 @@ def _walk(tree, prefix: str = ""):
             yield key, v
 
 
-def validate(c: mlc.ConfigDict, device_count: int | None = None) -> None:
+def validate(c: mlc.ConfigDict, device_count: int | None = None, process_count: int | None = None) -> None:
     """Check every key's type and range (RULES), then the rules between keys
-    (CROSS_CHECKS), before anything heavy starts; ``device_count``, when known, also
-    checks the mesh against it. Raises ConfigError naming the full key, the value and
+    (CROSS_CHECKS), before anything heavy starts; ``device_count`` (and
+    ``process_count``), once known, also check the mesh and the batch against them. Raises ConfigError naming the full key, the value and
     what is allowed. Regex options that must match parameters (optim.freeze,
     optim.lr_multipliers) are checked where the model is built."""
     for key, value in _walk(c):
@@ -373,4 +373,4 @@ def validate(c: mlc.ConfigDict, device_count: int | None = None) -> None:
         if rule is not None:
             rule(key, value.to_dict() if isinstance(value, mlc.ConfigDict) else value)
     for check in CROSS_CHECKS:
-        check(c, device_count)
+        check(c, device_count, process_count)
