@@ -70,6 +70,21 @@ def test_kill_9_during_an_async_save_and_at_a_random_moment_then_reruns_are_bitw
     assert 6 in last and all(last[s] == loss for s, loss in ref.items() if s in last), (SEED, notes)
 
 
+# The demo recipe's model and data (480 synthetic tasks), 30 steps, a checkpoint every 5.
+DEMO = ["--config=configs/demo.py", "--config.train.steps=30", "--config.train.checkpoint_every=5",
+        "--config.train.log_every=1", "--config.train.eval_every=0", "--config.train.progress=False"]
+
+
+@pytest.mark.slow
+def test_demo_run_killed_at_ten_random_moments_ends_bitwise_exact(compile_cache, tmp_path):
+    reference = str(tmp_path / "reference")
+    chaos.run_to_end(reference, DEMO, compile_cache, timeout=3600)
+    workdir = str(tmp_path / "killed")
+    notes = chaos.chaos_run(workdir, DEMO, compile_cache, random.Random(SEED), kills=10, steps=30, startup_s=40.0)
+    print("\n".join([f"seed {SEED}", *notes]))
+    chaos.assert_bitwise_equal_exports(reference, workdir)
+
+
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     workdir = str(tmp_path / "term")
     proc = launch(workdir, "--config.train.steps=1000", "--config.train.checkpoint_every=1000", wait=False)
