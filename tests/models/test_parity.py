@@ -9,7 +9,7 @@ a missing bias or norm offset moves logits by 1e-3 .. 1e-1).
 bfloat16 (what every recipe computes in): both implementations round differently (where
 each casts, sums, upcasts for softmax and norms), so they are not compared with each
 other directly but with the float32 reference: ours-bf16 must be no further from it than
-transformers-bf16 is, up to a margin (see test_bf16_logits_are_as_close_to_float32_as_transformers_bf16).
+transformers-bf16 is, up to a margin derived next to the test (BF16_*).
 """
 import jax.numpy as jnp
 import numpy as np
@@ -90,14 +90,17 @@ def bf16(hf_dirs):
   return out
 
 
-# Margin of the bf16 test, derived: both sides round the same float32 weights to bf16
-# (identical inputs), then each rounds intermediate results at its own points. Their
-# errors against float32 are of one size (a few bf16 ulps of the logits, 2^-8 relative
-# each) but not equal, so ours may exceed transformers' by a factor: 1.5x, plus 2 ulps of
-# the logit scale for cases where transformers happens to land very close. A real bug in
-# the bf16 path (softmax or norm statistics in bf16, rope angles in bf16, a bf16 residual
-# stream) costs 4x-50x more than transformers' error, which this bound rejects.
-BF16_FACTOR, BF16_ULPS = 1.5, 2 * 2.0**-8
+# Bounds of the bf16 test. Both sides round the same float32 weights to bf16, then each
+# rounds intermediate results at its own points, so their errors against float32 are of
+# one size (here ~1.5% of the logit scale at most, ~0.2% on average) but not equal.
+# Measured on these models, ours / transformers: max error 0.75-1.15, mean error
+# 0.92-1.02 over every case and both families (2-core CPU). Bounds: max <= 1.3x theirs
+# + 1/4 bf16 ulp of the logit scale, mean <= 1.2x theirs. What this catches, measured:
+# bf16 weights made by truncating float32 (a converter bug) raise the mean ratio to
+# 1.34-1.46; a NaN, an overflow or an un-cast weight fails outright. What it cannot see
+# on models this small: rounding choices whose effect drowns in bf16 noise (RMSNorm
+# statistics or rope angles in bf16 moved the ratios by < 0.2 here).
+BF16_MAX_FACTOR, BF16_MAX_ULPS, BF16_MEAN_FACTOR = 1.3, 0.25 * 2.0**-8, 1.2
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -121,9 +124,9 @@ def test_bf16_logits_are_as_close_to_float32_as_transformers_bf16(loaded, bf16, 
   scale = np.abs(ref[real]).max()
   err_ours, err_theirs = np.abs(ours - ref)[real].max(), np.abs(theirs - ref)[real].max()
   mean_ours, mean_theirs = np.abs(ours - ref)[real].mean(), np.abs(theirs - ref)[real].mean()
-  assert err_theirs > 0  # transformers really computed in bf16
-  assert err_ours <= BF16_FACTOR * err_theirs + BF16_ULPS * scale, (family, case, err_ours, err_theirs, scale)
-  assert mean_ours <= BF16_FACTOR * mean_theirs + BF16_ULPS * scale / 4, (family, case, mean_ours, mean_theirs)
+  assert min(err_ours, err_theirs) > 1e-4 * scale  # both really computed in bf16 (float32: ~5e-7)
+  assert err_ours <= BF16_MAX_FACTOR * err_theirs + BF16_MAX_ULPS * scale, (family, case, err_ours, err_theirs)
+  assert mean_ours <= BF16_MEAN_FACTOR * mean_theirs, (family, case, mean_ours, mean_theirs)
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
