@@ -48,7 +48,8 @@ def parse_flags(argv: list[str]) -> list[str]:
         name, hint = name.strip("'\" "), hint.replace("\n", " ").strip()
         culprit = next((a.split("=")[0] for a in argv[1:] if a.startswith("--") and "." in a
                         and name and name in a.split("=")[0].split(".")), None)
-        key = culprit.split(".", 1)[1] if culprit else name
-        print(f"error: config key {key} does not exist (from {culprit or 'the command line'}){': ' + hint if hint else ''}",
-              file=sys.stderr)
+        if culprit is None:  # not an override of ours: a bug (in a recipe file, say) keeps its traceback
+            raise
+        print(f"error: config key {culprit.split('.', 1)[1]} does not exist (from {culprit})"
+              + (f": {hint}" if hint else ""), file=sys.stderr)
         sys.exit(2)

@@ -262,7 +262,7 @@ def _check_data(c, _devices, _processes) -> None:
               f"equal to it (longer samples are filtered, a sample must fit a bucket)")
     if d.max_pixels and d.min_pixels > d.max_pixels:
         _fail("data.min_pixels", d.min_pixels, f"<= data.max_pixels = {d.max_pixels}")
-    if c.train.eval_every > 0 and c.method == "sft" and not d.synthetic.enabled and not d.eval_files:
+    if c.train.eval_every > 0 and c.method != "mopd" and not d.synthetic.enabled and not d.eval_files:
         _fail("data.eval_files", d.eval_files, "held-out files for train.eval_every > 0 (or train.eval_every=0)")
 
 
@@ -365,9 +365,10 @@ def _walk(tree, prefix: str = ""):
 def validate(c: mlc.ConfigDict, device_count: int | None = None, process_count: int | None = None) -> None:
     """Check every key's type and range (RULES), then the rules between keys
     (CROSS_CHECKS), before anything heavy starts; ``device_count`` (and
-    ``process_count``), once known, also check the mesh and the batch against them. Raises ConfigError naming the full key, the value and
-    what is allowed. Regex options that must match parameters (optim.freeze,
-    optim.lr_multipliers) are checked where the model is built."""
+    ``process_count``), once known, also check the mesh and the batch against them.
+    Raises ConfigError naming the full key, the value and what is allowed. Regex
+    options that must match parameters (optim.freeze, optim.lr_multipliers) are
+    checked where the model is built (``loop.optimizer_from_config``)."""
     for key, value in _walk(c):
         rule = RULES.get(key)
         if rule is not None:

@@ -17,6 +17,7 @@ import numpy as np
 
 from guilibra_jax import actions as A
 from guilibra_jax import rewards as R
+from guilibra_jax.errors import ConfigError
 from guilibra_jax.models.vision import device_vision_inputs
 
 log = logging.getLogger(__name__)
@@ -51,12 +52,12 @@ def ensure_synthetic_data(config, workdir: str) -> dict:
     raise RuntimeError("synthetic data must be exported by process 0 first")
 
 
-def _expand(patterns) -> list[str]:
+def _expand(patterns, key: str) -> list[str]:
     files: list[str] = []
     for p in patterns:
         hits = sorted(glob.glob(p)) if any(ch in p for ch in "*?[") else [p]
         if not hits:
-            raise FileNotFoundError(f"data file pattern {p!r} matches nothing")
+            raise ConfigError(f"config key {key}: pattern {p!r} matches no file")
         files.extend(hits)
     return files
 
@@ -65,13 +66,13 @@ def train_files(config, workdir: str) -> list[str]:
     if config.data.synthetic.enabled:
         ensure_synthetic_data(config, workdir)
         return [os.path.join(synthetic_dir(workdir), "train.jsonl")]
-    return _expand(config.data.train_files)
+    return _expand(config.data.train_files, "data.train_files")
 
 
 def eval_files(config, workdir: str) -> list[str]:
     if config.data.synthetic.enabled:
         return [os.path.join(synthetic_dir(workdir), "test.jsonl")]
-    return _expand(config.data.eval_files)
+    return _expand(config.data.eval_files, "data.eval_files")
 
 
 def prepare_tokenizer(config, workdir: str):

@@ -133,8 +133,8 @@ def test_an_unknown_architecture_names_config_json(loaded, tmp_path):
   cfg = json.loads((dst / "config.json").read_text())
   cfg.update(model_type="llama", architectures=["LlamaForCausalLM"])
   (dst / "config.json").write_text(json.dumps(cfg))
-  with pytest.raises(CheckpointError, match=r"config\.json: model_type 'llama' \(architectures \['LlamaForCausalLM'\]\) "
-                                            r"is not supported"):
+  with pytest.raises(CheckpointError, match=r"config\.json: model_type 'llama' "
+                                            r"\(architectures \['LlamaForCausalLM'\]\) is not supported"):
     load_hf(dst)
   (dst / "config.json").write_text("{not json")
   with pytest.raises(CheckpointError, match=r"config\.json is not valid JSON"):

@@ -160,14 +160,15 @@ def kill_during_save(workdir: str, args: list[str], cache_dir: str, min_step: in
 
 def kill_at_random_moment(workdir: str, args: list[str], cache_dir: str, rng: random.Random, steps: int,
                           startup_s: float = 20.0) -> tuple[Launch, str]:
-    """Launch and kill -9 at a random moment: during start-up (before the first new step
-    is logged: a uniform time in [0, startup_s]) or after a random step is logged plus a
-    random fraction of a step's time (compute, an asynchronous save, the export at the
-    end). Returns the launch and where it was killed (for failure messages)."""
+    """Launch and kill -9 at a random moment: during start-up (one time in five: a
+    uniform time in [0, startup_s]) or after a random step not logged yet is logged,
+    plus a random fraction of a step's time (compute, an asynchronous save, the export
+    at the end). Returns the launch and where it was killed (for failure messages)."""
     run = launch(workdir, args, cache_dir, "random-kill")
-    resumed_steps = max([r["step"] for r in metric_rows(workdir)], default=0)
-    target = rng.randint(0, steps)  # 0: during start-up
-    if target == 0 or target <= resumed_steps:
+    done = max([r["step"] for r in metric_rows(workdir)], default=0)
+    # One kill in five during start-up; else after a step this launch has still to run.
+    target = 0 if rng.random() < 0.2 or done >= steps else rng.randint(done + 1, steps)
+    if target == 0:
         delay = rng.uniform(0, startup_s)
         time.sleep(delay)
         where = f"{delay:.1f} s after launch"

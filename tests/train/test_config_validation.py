@@ -206,3 +206,14 @@ def test_unknown_model_name_is_a_config_error():
     c.model.name = "qwen9_vl_1t"
     with pytest.raises(ConfigError, match=r"config key model\.name = 'qwen9_vl_1t'"):
         model_factory.build_model(c, tokenizer=None)
+
+
+def test_a_bad_config_fails_before_jax_flax_or_the_models_are_imported(tmp_path):
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "launch.train", f"--workdir={tmp_path}/w", SFT,
+                          "--config.optim.b2=1.5"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "config key optim.b2 = 1.5" in out.stderr
+    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert "guilibra_jax.train.config" in imported
+    assert not {m for m in imported if m.split(".")[0] in ("jax", "flax", "orbax", "transformers", "torch", "grain")
+                or m.startswith("guilibra_jax.models")}
