@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
 
 import ml_collections as mlc
 
