@@ -105,18 +105,46 @@ def readable_records(config, files: list[str]) -> list:
     return [r for r in source if not isinstance(r, B.Dropped)]
 
 
+def _pipeline_iterator(loader):
+    """The data.pipeline iterator of ``loader`` (itself, or held as ``.loader``), or None."""
+    for it in (loader, getattr(loader, "loader", None)):
+        if it is not None and hasattr(it, "bad_records"):
+            return it
+    return None
+
+
+def excluded_at_index(loader) -> dict[str, int]:
+    """Records left out before reading, by reason: Uni-GUI steps marked unused or deleted,
+    and records the RL rebalancing dropped (counts from the loader's ``info``)."""
+    info = getattr(_pipeline_iterator(loader), "info", None) or {}
+    out = {f"uni_gui_{k}": int(v) for k, v in (info.get("uni_gui_skipped") or {}).items() if v}
+    if info.get("rebalance"):
+        out["rebalanced_out"] = int(info["rebalance"]["before"]["n"] - info["rebalance"]["after"]["n"])
+    return out
+
+
 def drop_metrics(loader) -> dict[str, int]:
     """Counters of the records ``loader`` (a data.pipeline iterator, or anything holding
-    one as ``.loader``) skipped or filtered so far, by reason, for a metrics row
-    (``data/kept``, ``data/bad/<reason>``, ``data/filtered/<reason>``); {} if it keeps none."""
-    log_ = getattr(loader, "bad_records", None) or getattr(getattr(loader, "loader", None), "bad_records", None)
-    return log_.as_metrics() if log_ is not None else {}
+    one as ``.loader``) skipped or filtered so far, by reason, for a metrics row:
+    ``data/kept``, ``data/bad``, ``data/bad/<reason>``, ``data/filtered``,
+    ``data/filtered/<reason>``, and ``data/excluded/<reason>`` for records left out when
+    the index was built; {} for a loader that keeps no counts."""
+    it = _pipeline_iterator(loader)
+    if it is None:
+        return {}
+    out = it.bad_records.as_metrics()
+    out.update({f"data/excluded/{k}": v for k, v in excluded_at_index(loader).items()})
+    return out
 
 
 def drop_report(loader) -> str:
     """One line for the end of a run: samples used, bad records and filtered ones by reason."""
-    log_ = getattr(loader, "bad_records", None) or getattr(getattr(loader, "loader", None), "bad_records", None)
-    return log_.report() if log_ is not None else "no record counts (the data source keeps none)"
+    it = _pipeline_iterator(loader)
+    if it is None:
+        return "no record counts (the data source keeps none)"
+    excluded = excluded_at_index(loader)
+    tail = f"; left out when indexing: {', '.join(f'{k}={v}' for k, v in excluded.items())}" if excluded else ""
+    return it.bad_records.report() + tail
 
 
 def data_config(config, files: list[str], *, for_eval: bool = False) -> dict:

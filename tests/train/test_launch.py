@@ -97,6 +97,18 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     assert not os.path.exists(os.path.join(workdir, "export"))  # an unfinished run is not exported
 
 
+def test_a_rerun_with_another_config_refuses_to_start_and_names_the_keys(uninterrupted):
+    before = open(os.path.join(uninterrupted, "config.json")).read()
+    out = subprocess.run([sys.executable, "-m", "launch.train", f"--workdir={uninterrupted}", *SMOKE,
+                          "--config.train.steps=8", "--config.optim.lr=0.01"], cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"},
+                         capture_output=True, text=True, timeout=600)
+    errors = [l for l in out.stderr.splitlines() if l.startswith("error:")]
+    assert out.returncode == 2 and len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "train.steps: 6 -> 8" in errors[0] and "optim.lr: 0.003 -> 0.01" in errors[0]
+    assert open(os.path.join(uninterrupted, "config.json")).read() == before
+
+
 def test_unknown_config_key_is_named(tmp_path):
     out = launch(str(tmp_path / "bad"), "--config.train.stepz=3")
     assert out.returncode != 0 and "stepz" in out.stderr
