@@ -33,4 +33,5 @@ def get_config(arg=None):
         c.train.checkpoint_every = 2
         c.train.eval_every = 0
         c.train.progress = False
+        c.train.memory_plan = False
     return c

@@ -42,6 +42,7 @@ def get_config(arg=None):
         c.train.steps = 3
         c.train.checkpoint_every = 2
         c.train.eval_every = 0
+        c.train.memory_plan = False
     elif arg:
         raise ValueError(f"configs/grpo_demo.py: unknown argument {arg!r}; expected 'smoke' or none")
     return c

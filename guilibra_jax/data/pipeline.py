@@ -7,9 +7,11 @@
       .to_iter_dataset(read_options)
       [.mp_prefetch(num_workers)]
 
-The sample index is built up front (mix, rebalance, shard), so batch composition
-depends only on the seed: the same batches come out with 0 or N workers, and the
-iterator state is grain's (JSON-able) plus the bad-record counts.
+The sample index is built up front (mix, rebalance), so batch composition depends only
+on the seed: the same batches come out with 0 or N workers, and the iterator state is
+grain's (JSON-able) plus the bad-record counts. With several processes each takes every
+process_count-th batch of the shuffled stream (``batch_size`` rows per process), so the
+processes' batches together are the batches of one process with their summed batch size.
 """
 
 from __future__ import annotations
@@ -219,8 +221,9 @@ def _make_loader(cfg: Any, tokenizer: Any, model_config: Any, rl: bool, shard_in
                                include_unused=cfg.include_unused)
     index, info = build_index(source, cfg, rl)
     si, sc = _shard_args(cfg, shard_index, shard_count)
-    index = M.shard(index, si, sc)
-    info.update(shard_index=si, shard_count=sc, shard_samples=len(index))
+    if not 0 <= si < sc:
+        raise ValueError(f"shard_index {si} must lie in [0, shard_count={sc})")
+    info.update(shard_index=si, shard_count=sc, shard_samples=len(index) // sc)
     if cfg.pack and not rl:
         per_batch = cfg.pack_samples or 4 * cfg.batch_size
     else:
@@ -237,6 +240,12 @@ def _make_loader(cfg: Any, tokenizer: Any, model_config: Any, rl: bool, shard_in
         ds = ds.repeat(cfg.num_epochs)
     ds = ds.map(EncodeSample(spec, tokenizer, img_cfg, max_len, None if rl else cfg.splits))
     ds = ds.batch(per_batch, drop_remainder=cfg.drop_remainder, batch_fn=Collate(ccfg, model_config, rl))
+    if sc > 1:
+        # Shard by batch after the shuffle: process p takes batches p, p + sc, ...; batch k of
+        # the processes together is batch k of one process with sc times the batch size,
+        # rows in process order (as put_batch assembles them), so runs do not depend on the
+        # process count. Every process gets the same number of batches.
+        ds = ds[:len(ds) // sc * sc][si::sc]
     it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.read_threads,
                                                  prefetch_buffer_size=cfg.read_buffer))
     if cfg.num_workers > 0:

@@ -196,11 +196,15 @@ def check_tokenizer_files(path: str, config: ModelConfig) -> None:
                           f"another model")
 
 
-def load_hf(path: str, dtype=jnp.float32, param_dtype=jnp.float32, **model_kwargs) -> tuple[QwenVL, ModelConfig]:
+def load_hf(path: str, dtype=jnp.float32, param_dtype=jnp.float32, mesh=None, **model_kwargs
+            ) -> tuple[QwenVL, ModelConfig]:
   """Load a local HF checkpoint folder (config.json + single or sharded safetensors).
 
-  model_kwargs go to QwenVL (remat, scan_layers). Raises CheckpointError naming the tensor
-  and file on a missing, unexpected or mis-shaped tensor.
+  model_kwargs go to QwenVL (remat, scan_layers). Tensors are read and converted on the
+  host one parameter at a time; with ``mesh`` each parameter goes straight to its sharding
+  (``sharding.param_shardings``), so no device ever holds the whole model (every process
+  of a multi-host run reads the files and keeps its own shards). Raises CheckpointError
+  naming the tensor and file on a missing, unexpected or mis-shaped tensor.
   """
   path = os.fspath(path)
   config = read_config(path)
@@ -225,33 +229,55 @@ def load_hf(path: str, dtype=jnp.float32, param_dtype=jnp.float32, **model_kwarg
   handles: dict[str, object] = {}
   stacked: dict[tuple, list] = {}
   flat = dict((tuple(p), v) for p, v in nnx.to_flat_state(state))
+  place = _placer(state, mesh)
   values: dict[tuple, jax.Array] = {}
   try:
     for name, spath, layer, kind in entries:
       key = by_canonical[name]
       fpath = files[key]
       if fpath not in handles:
-        handles[fpath] = safe_open(fpath, framework="flax").__enter__()
+        handles[fpath] = safe_open(fpath, framework="numpy").__enter__()
       tensor = handles[fpath].get_tensor(key)
       target = flat[spath]
       tshape = tuple(target.shape[1:]) if layer is not None else tuple(target.shape)
       want = _hf_shape_of(tshape, kind, config)
       if tuple(tensor.shape) != want:
         raise CheckpointError(f"tensor {key!r} in {fpath} has shape {tuple(tensor.shape)}, expected {want}")
-      arr = _from_hf(jnp.asarray(tensor), kind, tshape).astype(param_dtype)
+      arr = np.ascontiguousarray(_from_hf(tensor, kind, tshape)).astype(param_dtype)
       if layer is None:
-        values[spath] = arr
+        values[spath] = place(spath, arr)
       else:
-        stacked.setdefault(spath, [None] * config.text.num_layers)[layer] = arr
+        layers = stacked.setdefault(spath, [None] * config.text.num_layers)
+        layers[layer] = arr
+        if all(x is not None for x in layers):  # the last layer of a stacked parameter
+          values[spath] = place(spath, np.stack(layers))
+          del stacked[spath]
   finally:
     for h in handles.values():
       h.__exit__(None, None, None)
-  for spath, arrs in stacked.items():
-    values[spath] = jnp.stack(arrs)
   for spath, var in flat.items():
     var.set_value(values[spath])
   model = nnx.merge(gdef, nnx.from_flat_state(flat))
   return model, config
+
+
+def _placer(state, mesh):
+  """(state path, host array) -> device array: on the default device, or in the
+  parameter's sharding on ``mesh``."""
+  if mesh is None:
+    return lambda spath, arr: jnp.asarray(arr)
+  from guilibra_jax import sharding as S
+  flat_sh = dict(_flat_items(S.param_shardings(state, mesh, log=False)))
+  return lambda spath, arr: S.put_host(arr, flat_sh[spath])
+
+
+def _flat_items(tree, prefix=()):
+  """(path tuple, leaf) of a nested dict."""
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      yield from _flat_items(v, prefix + (k,))
+    else:
+      yield prefix + (k,), v
 
 
 # ----------------------------------------------------------------------------- save

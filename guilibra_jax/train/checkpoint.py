@@ -136,8 +136,10 @@ class Checkpointer:
         self._manager.close()
 
 
-def restore_params(directory: str, abstract_params: Any, step: int | None = None) -> tuple[int, Any]:
-    """Only the parameters of a train checkpoint (for export and evaluation)."""
+def restore_params(directory: str, abstract_params: Any, step: int | None = None, shardings: Any = None
+                   ) -> tuple[int, Any]:
+    """Only the parameters of a train checkpoint (for export, evaluation and frozen models),
+    into ``shardings`` (a tree like the params) when given."""
     manager = ocp.CheckpointManager(os.path.abspath(directory),
                                     item_handlers={"state": ocp.StandardCheckpointHandler()})
     step = manager.latest_step() if step is None else step
@@ -146,7 +148,11 @@ def restore_params(directory: str, abstract_params: Any, step: int | None = None
     meta = manager.item_metadata(step)
     tree = meta["state"] if isinstance(meta, dict) or hasattr(meta, "__getitem__") else meta.state
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), dict(tree))
-    target["params"] = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract_params)
+    if shardings is None:
+        target["params"] = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract_params)
+    else:
+        target["params"] = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                        abstract_params, shardings)
     out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
     manager.close()
     return step, out["state"]["params"]

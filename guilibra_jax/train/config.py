@@ -3,6 +3,7 @@ anything heavy. Recipes in ``configs/`` call :func:`base_config` and override.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -69,8 +70,17 @@ def base_config() -> mlc.ConfigDict:
         reference="",        # GRPO: frozen reference (HF folder or training workdir); "" = start policy
         sngs=dict(enabled=True, lambda0=0.5, kappa=1.5, signal="mean_reward"),  # or success_rate
         reward=dict(w_fmt=0.1, value_rule="paper", point_tolerance=0.05),
-        teachers={},         # MOPD: platform label -> HF folder or training workdir ("*": any other)
-        mopd=dict(beta=0.01, kl_mask_tau=0.1, pass_floor=0.01),
+        teachers={},         # MOPD: platform label -> HF folder, training workdir or random:<seed> ("*": any other)
+        teacher_model_name="",  # architecture of unset teachers for launch.plan (a named size); "" = the policy's
+        # MOPD's adaptive KL mask and pass-rate floor: off (the UI-MOPD release script) | paper (the
+        # paper's method) | release (the release's off-by-default use_kl_loss_mask path); see train/advantages.py
+        mopd=dict(beta=0.01, kl_mask_tau=0.1, pass_floor=0.01, kl_mask="paper"),
+        update_groups=0,     # groups (prompts) per update over all processes; 0 = every prompt of the round
+        # DAPO-style dynamic sampling (UI-MOPD release: on): drop groups whose pass rate is 0 or 1 and
+        # sample more rounds of data.batch_size prompts until update_groups groups are kept; at most
+        # max_rounds rounds (0 = no limit, the release), then the update is completed with dropped groups
+        # that carry no loss (logged as group_filter/short_groups)
+        group_filter=dict(enabled=False, max_rounds=10),
         score_chunk=0,       # vocabulary projection over T-chunks of this size when scoring (0 = off)
     ))
     c.mesh = mlc.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
@@ -79,6 +89,8 @@ def base_config() -> mlc.ConfigDict:
         async_checkpoints=True, eval_every=0, eval_samples=64, eval_max_new_tokens=96,
         export=True, export_dir="",  # Hugging Face export at the end; "" = workdir/export
         tensorboard=True, progress=True,
+        max_skipped_updates=10,  # stop after this many consecutive non-finite updates (0 = never)
+        memory_plan=True,    # compile the run's programs ahead of time and write memory_plan.json
         allow_config_change=False,  # a rerun may change the run's config (recorded in config_history.jsonl)
     ))
     c.distributed = mlc.ConfigDict(dict(coordinator_address="", num_processes=0, process_id=-1,
@@ -189,7 +201,7 @@ RULES: dict[str, K.Check] = {
     "rl.kl_beta": K.number(0, note="(the conservative recipe uses > 0)"),
     "rl.kl_kind": K.one_of(*KL_KINDS),
     "rl.kl_clamp": K.number(0, note="(0 = no clamp)"),
-    "rl.reference": K.text("an HF folder or training workdir; '' = the starting policy"),
+    "rl.reference": K.text("an HF folder, training workdir or random:<seed>; '' = the starting policy"),
     "rl.sngs.enabled": K.boolean(),
     "rl.sngs.lambda0": K.number(0, 1),
     "rl.sngs.kappa": K.number(0),
@@ -197,10 +209,15 @@ RULES: dict[str, K.Check] = {
     "rl.reward.w_fmt": K.number(0, 1),
     "rl.reward.value_rule": K.one_of("paper", "release"),
     "rl.reward.point_tolerance": K.number(0),
-    "rl.teachers": K.mapping_of_text("platform label -> teacher folder; '*' = any other"),
+    "rl.teachers": K.mapping_of_text("platform label -> teacher folder or random:<seed>; '*' = any other"),
+    "rl.teacher_model_name": K.text("a named size for launch.plan; '' = the policy's"),
     "rl.mopd.beta": K.number(0),
     "rl.mopd.kl_mask_tau": K.number(0, 1),
     "rl.mopd.pass_floor": K.number(0, 1),
+    "rl.mopd.kl_mask": K.one_of("off", "paper", "release"),
+    "rl.update_groups": K.integer(0, note="(0 = every prompt of a round)"),
+    "rl.group_filter.enabled": K.boolean(),
+    "rl.group_filter.max_rounds": K.integer(0, note="(0 = no limit)"),
     "rl.score_chunk": K.integer(0, note="(0 = off)"),
     "mesh.data": K.Check(lambda v: isinstance(v, int) and (v >= 1 or v == -1), "a positive size or -1"),
     "mesh.fsdp": K.Check(lambda v: isinstance(v, int) and (v >= 1 or v == -1), "a positive size or -1"),
@@ -218,6 +235,8 @@ RULES: dict[str, K.Check] = {
     "train.export_dir": K.text("'' = workdir/export"),
     "train.tensorboard": K.boolean(),
     "train.progress": K.boolean(),
+    "train.max_skipped_updates": K.integer(0, note="(0 = never stop)"),
+    "train.memory_plan": K.boolean(),
     "train.allow_config_change": K.boolean(),
     "distributed.coordinator_address": K.host_port(),
     "distributed.num_processes": K.integer(0),
@@ -228,7 +247,18 @@ RULES: dict[str, K.Check] = {
 _fail = K.fail
 
 
-def _check_model(c, _devices, _processes) -> None:
+@dataclasses.dataclass(frozen=True)
+class Known:
+    """What the cross-key checks may rely on: the device and process counts once jax
+    has started (None before), and ``planning`` (launch.plan: data files and frozen-model
+    folders may still be unset)."""
+
+    devices: int | None = None
+    processes: int | None = None
+    planning: bool = False
+
+
+def _check_model(c, _known: Known) -> None:
     t = c.model.tiny
     if c.model.hf_path or c.model.name != "tiny":
         return
@@ -245,9 +275,9 @@ def _check_model(c, _devices, _processes) -> None:
         _fail("model.tiny.mrope_section", tuple(t.mrope_section), f"3 sizes summing to head_dim / 2 = {half}")
 
 
-def _check_data(c, _devices, _processes) -> None:
+def _check_data(c, known: Known) -> None:
     d = c.data
-    if not d.synthetic.enabled:
+    if not d.synthetic.enabled and not known.planning:
         if not d.train_files:
             _fail("data.train_files", d.train_files, "at least one file (or data.synthetic.enabled=True)")
         missing = K.missing_inputs(d.train_files)
@@ -261,7 +291,8 @@ def _check_data(c, _devices, _processes) -> None:
               f"equal to it (longer samples are filtered, a sample must fit a bucket)")
     if d.max_pixels and d.min_pixels > d.max_pixels:
         _fail("data.min_pixels", d.min_pixels, f"<= data.max_pixels = {d.max_pixels}")
-    if c.train.eval_every > 0 and c.method != "mopd" and not d.synthetic.enabled and not d.eval_files:
+    if (c.train.eval_every > 0 and c.method != "mopd" and not d.synthetic.enabled and not d.eval_files
+            and not known.planning):
         _fail("data.eval_files", d.eval_files, "held-out files for train.eval_every > 0 (or train.eval_every=0)")
 
 
@@ -277,8 +308,8 @@ def _mesh_sizes(c, devices: int | None) -> dict[str, int | None]:
     return sizes
 
 
-def _check_mesh_and_batch(c, devices, processes) -> None:
-    axes = ("data", "fsdp", "tensor")
+def _check_mesh_and_batch(c, known: Known) -> None:
+    axes, devices = ("data", "fsdp", "tensor"), known.devices
     if sum(c.mesh[a] == -1 for a in axes) > 1:
         _fail("mesh", {a: c.mesh[a] for a in axes}, "at most one axis of size -1 (the rest of the devices)")
     if devices:
@@ -293,22 +324,28 @@ def _check_mesh_and_batch(c, devices, processes) -> None:
     # Rows are split over the data-parallel axes (data x fsdp); a size not known yet
     # (-1 without a device count) checks what is known.
     dp = (sizes["data"] or 1) * (sizes["fsdp"] or 1)
-    procs = processes or max(c.distributed.num_processes, 1)
+    procs = known.processes or max(c.distributed.num_processes, 1)
+    if c.data.batch_size % procs:  # data.batch_size is the batch over all processes
+        _fail("data.batch_size", c.data.batch_size, f"a multiple of the process count {procs} (the batch over all "
+              f"processes)")
     if c.method == "sft":
-        rows, key = c.data.batch_size * procs, "data.batch_size"
-        if rows % dp:
-            _fail(key, c.data.batch_size, f"a multiple of the data-parallel size mesh.data x mesh.fsdp = {dp} "
-                  f"(over {procs} processes)")
+        if c.data.batch_size % dp:
+            _fail("data.batch_size", c.data.batch_size, f"a multiple of the data-parallel size mesh.data x "
+                  f"mesh.fsdp = {dp}")
         return
     rl = c.rl
-    rows = c.data.batch_size * rl.group_size
+    if rl.update_groups and not rl.group_filter.enabled and rl.update_groups != c.data.batch_size:
+        _fail("rl.update_groups", rl.update_groups, f"0 or data.batch_size = {c.data.batch_size} without "
+              f"rl.group_filter (each step updates on the groups of one round)")
+    rows = (rl.update_groups or c.data.batch_size) * rl.group_size
     if rows % (rl.minibatches * c.train.grad_accum):
-        _fail("rl.minibatches", rl.minibatches, f"a divisor of data.batch_size * rl.group_size = {rows} together "
-              f"with train.grad_accum = {c.train.grad_accum}")
+        _fail("rl.minibatches", rl.minibatches, f"a divisor of (rl.update_groups or data.batch_size) * "
+              f"rl.group_size = {rows} together with train.grad_accum = {c.train.grad_accum}")
     micro = rows // (rl.minibatches * c.train.grad_accum)
     if micro % dp:
-        _fail("data.batch_size", c.data.batch_size, f"rollout micro-batches (data.batch_size * rl.group_size / "
-              f"(rl.minibatches * train.grad_accum) = {micro} rows) divisible by mesh.data x mesh.fsdp = {dp}")
+        _fail("data.batch_size", c.data.batch_size, f"update micro-batches ((rl.update_groups or data.batch_size) "
+              f"* rl.group_size / (rl.minibatches * train.grad_accum) = {micro} rows) divisible by mesh.data x "
+              f"mesh.fsdp = {dp}")
 
 
 def check_teachers(teachers, platforms) -> None:
@@ -320,33 +357,41 @@ def check_teachers(teachers, platforms) -> None:
               f"(add them, or '*' for a default teacher)")
 
 
-def _check_rl(c, _devices, _processes) -> None:
+def _frozen_spec_ok(spec: str) -> bool:
+    """An existing folder or random:<integer seed> (frozen models of stage 2)."""
+    if spec.startswith("random:"):
+        return spec[len("random:"):].lstrip("-").isdigit()
+    return os.path.isdir(spec)
+
+
+def _check_rl(c, known: Known) -> None:
     r = c.rl
     if c.method == "grpo":
-        if r.reference and not os.path.isdir(r.reference):
-            _fail("rl.reference", r.reference, "an existing HF folder or training workdir ('' = the starting policy)")
+        if r.reference and not _frozen_spec_ok(r.reference):
+            _fail("rl.reference", r.reference, "an existing HF folder, training workdir or random:<seed> "
+                  "('' = the starting policy)")
         if c.data.method != "guilibra":
             _fail("data.method", c.data.method, "guilibra for method=grpo (GUI-Libra rewards)")
     if c.method == "mopd":
         if not r.teachers:
             _fail("rl.teachers", dict(r.teachers), "a mapping platform label -> teacher folder")
         for label, path in r.teachers.items():
-            if not os.path.isdir(path):
-                _fail(f"rl.teachers.{label}", path, "an existing HF folder or training workdir")
+            if not _frozen_spec_ok(path) and not (known.planning and not path):
+                _fail(f"rl.teachers.{label}", path, "an existing HF folder, training workdir or random:<seed>")
         if c.data.synthetic.enabled:
             check_teachers(r.teachers, c.data.synthetic.platforms)
         if c.data.method != "mopd":
             _fail("data.method", c.data.method, "mopd for method=mopd (tool-call rewards)")
 
 
-def _check_distributed(c, _devices, _processes) -> None:
+def _check_distributed(c, _known: Known) -> None:
     d = c.distributed
     if d.num_processes > 1 and d.coordinator_address and not 0 <= d.process_id < d.num_processes:
         _fail("distributed.process_id", d.process_id, f"in [0, {d.num_processes}) when distributed.num_processes "
               f"= {d.num_processes} (or JAX_PROCESS_ID in the environment, with -1 here)")
 
 
-# (config, device count, process count; None when not known yet) -> None; raise through _fail naming the key.
+# (config, Known) -> None; raise through _fail naming the key.
 CROSS_CHECKS = [_check_model, _check_data, _check_mesh_and_batch, _check_rl, _check_distributed]
 
 
@@ -361,10 +406,12 @@ def _walk(tree, prefix: str = ""):
             yield key, v
 
 
-def validate(c: mlc.ConfigDict, device_count: int | None = None, process_count: int | None = None) -> None:
+def validate(c: mlc.ConfigDict, device_count: int | None = None, process_count: int | None = None, *,
+             planning: bool = False) -> None:
     """Check every key's type and range (RULES), then the rules between keys
     (CROSS_CHECKS), before anything heavy starts; ``device_count`` (and
-    ``process_count``), once known, also check the mesh and the batch against them.
+    ``process_count``), once known, also check the mesh and the batch against them;
+    ``planning`` (launch.plan) lets data files and frozen-model folders be unset.
     Raises ConfigError naming the full key, the value and what is allowed. Regex
     options that must match parameters (optim.freeze, optim.lr_multipliers) are
     checked where the model is built (``loop.optimizer_from_config``)."""
@@ -372,5 +419,6 @@ def validate(c: mlc.ConfigDict, device_count: int | None = None, process_count: 
         rule = RULES.get(key)
         if rule is not None:
             rule(key, value.to_dict() if isinstance(value, mlc.ConfigDict) else value)
+    known = Known(device_count, process_count, planning)
     for check in CROSS_CHECKS:
-        check(c, device_count, process_count)
+        check(c, known)

@@ -29,16 +29,31 @@ def synthetic_dir(workdir: str) -> str:
     return os.path.join(workdir, "synthetic_data")
 
 
+def once_on_main(done, make, what: str) -> None:
+    """Run ``make()`` on process 0 unless ``done()``; the other processes wait for it (the
+    workdir is shared storage). A collective when there are several processes."""
+    if jax.process_count() == 1:
+        if not done():
+            make()
+        return
+    from jax.experimental import multihost_utils
+
+    from guilibra_jax.train import multihost as MH
+    if MH.agree_max(int(not done())):
+        if jax.process_index() == 0:
+            make()
+        multihost_utils.sync_global_devices(what)
+
+
 def ensure_synthetic_data(config, workdir: str) -> dict:
-    """Export the synthetic world dataset into the workdir once (idempotent)."""
+    """Export the synthetic world dataset into the workdir once (idempotent; process 0
+    writes it, the others wait)."""
     from guilibra_jax.envs.export import export_dataset
     s = config.data.synthetic
     out = synthetic_dir(workdir)
     manifest_path = os.path.join(out, "manifest.json")
-    if os.path.exists(manifest_path):
-        with open(manifest_path) as f:
-            return json.load(f)
-    if jax.process_index() == 0:
+
+    def make():
         # Written aside and renamed when complete: a run killed mid-export leaves no
         # half dataset that a rerun would take for the whole one.
         partial = out + ".partial"
@@ -48,8 +63,10 @@ def ensure_synthetic_data(config, workdir: str) -> dict:
         shutil.rmtree(out, ignore_errors=True)
         os.replace(partial, out)
         log.info("synthetic dataset: %s", {k: v for k, v in manifest.items() if "count" in k or k == "seconds"})
-        return manifest
-    raise RuntimeError("synthetic data must be exported by process 0 first")
+
+    once_on_main(lambda: os.path.exists(manifest_path), make, "synthetic data export")
+    with open(manifest_path) as f:
+        return json.load(f)
 
 
 def _expand(patterns, key: str) -> list[str]:
@@ -83,17 +100,31 @@ def prepare_tokenizer(config, workdir: str):
     if path:
         return load_tokenizer(path)
     out = os.path.join(workdir, "tokenizer")
-    if not os.path.exists(os.path.join(out, "tokenizer.json")):
+    files = train_files(config, workdir)
+
+    def make():
         from guilibra_jax.data.demo_tokenizer import build_demo_tokenizer, demo_corpus
-        records = readable_records(config, train_files(config, workdir))
-        family = config.model.tiny.family
+        records = readable_records(config, files)
         partial = out + ".partial"  # renamed when complete (a killed run leaves no half tokenizer)
         shutil.rmtree(partial, ignore_errors=True)
-        build_demo_tokenizer(demo_corpus(records, family, (config.data.method,)),
+        build_demo_tokenizer(demo_corpus(records, config.model.tiny.family, (config.data.method,)),
                              config.data.synthetic.tokenizer_vocab, partial)
         shutil.rmtree(out, ignore_errors=True)
         os.replace(partial, out)
+
+    once_on_main(lambda: os.path.exists(os.path.join(out, "tokenizer.json")), make, "demo tokenizer")
     return load_tokenizer(out)
+
+
+def per_process_batch(config) -> int:
+    """Rows (SFT) or prompts (RL) each process draws per batch: ``data.batch_size`` is the
+    whole batch over all processes."""
+    n = jax.process_count()
+    if config.data.batch_size % n:
+        from guilibra_jax.errors import ConfigError
+        raise ConfigError(f"config key data.batch_size = {config.data.batch_size} is invalid: expected a multiple "
+                          f"of the process count {n} (it is the batch over all processes)")
+    return config.data.batch_size // n
 
 
 def readable_records(config, files: list[str]) -> list:
@@ -156,7 +187,7 @@ def data_config(config, files: list[str], *, for_eval: bool = False) -> dict:
     return dict(
         inputs=tuple(files), format=d.format, method=d.method, image_root=d.image_root or None,
         system_prompt=d.system_prompt or None,
-        batch_size=d.batch_size, seq_buckets=buckets, max_length=d.max_length, patch_bucket=d.patch_bucket,
+        batch_size=d.batch_size if for_eval else per_process_batch(config), seq_buckets=buckets, max_length=d.max_length, patch_bucket=d.patch_bucket,
         min_pixels=d.min_pixels or None, max_pixels=d.max_pixels or None, mix=mix if not for_eval else "reasoning",
         pack=d.pack and not for_eval, seed=d.seed, shuffle=True, num_epochs=1 if for_eval else None,
         drop_remainder=not for_eval, num_workers=0 if for_eval else d.workers,

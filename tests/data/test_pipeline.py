@@ -129,6 +129,19 @@ def test_each_process_reads_only_its_shard(native_dataset, qwen_tok, qwen25_conf
     assert not (seen[0] & seen[1]) and not (seen[1] & seen[2]) and not (seen[0] & seen[2])
 
 
+def test_process_batches_together_equal_one_process_with_their_summed_batch_size(native_dataset, qwen_tok,
+                                                                                 qwen25_config):
+    """Batch k of 2 processes (batch 2 each, rows in process order) is batch k of one
+    process with batch 4: runs do not depend on the process count."""
+    cfg = _cfg(native_dataset, num_epochs=1, mix="direct")
+    one = list(PL.make_sft_loader({**cfg, "batch_size": 4}, qwen_tok, qwen25_config, shard_index=0, shard_count=1))
+    two = [list(PL.make_sft_loader({**cfg, "batch_size": 2}, qwen_tok, qwen25_config, shard_index=i, shard_count=2))
+           for i in range(2)]
+    assert len(one) == len(two[0]) == len(two[1]) >= 2
+    for k, batch in enumerate(one):
+        assert batch["where"] == two[0][k]["where"] + two[1][k]["where"]
+
+
 def test_packing_keeps_samples_apart(native_dataset, qwen_tok, qwen25_config):
     cfg = _cfg(native_dataset, num_epochs=1, pack=True, pack_samples=4, batch_size=2, pack_length=2048)
     it = PL.make_sft_loader(cfg, qwen_tok, qwen25_config, shard_index=0, shard_count=1)
