@@ -58,16 +58,20 @@ def main(argv):
 
     config = _CONFIG.value
     hub.resolve_run_paths(config)
-    run_config.validate(config)
+    run_config.validate(config)  # before jax, flax and the models are imported: a bad key fails in a second
     if config.print_only or _DRY_RUN.value:
         print_resolved(config)
         return
     if not _WORKDIR.value:
         raise UserError("--workdir is required (the run folder: metrics, checkpoints, export)")
-    from guilibra_jax.train import compilation_cache, loop, rl_loop
-    compilation_cache.enable(config.train.compilation_cache_dir, _WORKDIR.value)
     d = config.distributed
     distributed.initialize(d.coordinator_address, d.num_processes, d.process_id, d.local_device_ids)
+    import jax
+
+    run_config.validate(config, jax.device_count(), jax.process_count())  # the mesh against the devices
+    from guilibra_jax.train import compilation_cache, loop, rl_loop
+
+    compilation_cache.enable(config.train.compilation_cache_dir, _WORKDIR.value)
     run = loop.train if config.method == "sft" else rl_loop.train_rl
     row = run(config, _WORKDIR.value)
     logging.info("final: %s", row)

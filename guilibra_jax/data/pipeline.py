@@ -194,9 +194,11 @@ def _shard_args(cfg: DataConfig, shard_index: int | None, shard_count: int | Non
 
 def build_index(source: R.StepSource, cfg: DataConfig, rl: bool) -> tuple[np.ndarray, dict[str, Any]]:
     """(sample index [S, 2], info) for a source: rebalance, then mix (RL: one direct
-    sample per record). ``info['rebalance']`` holds distributions before / after."""
+    sample per record). ``info['rebalance']`` holds distributions before / after;
+    ``info['platforms']`` the platform labels of the records (MOPD: one teacher each)."""
     metas = [source.meta(i) for i in range(len(source))]
-    info: dict[str, Any] = {"records": len(metas), "unreadable_meta": sum(m is None for m in metas)}
+    info: dict[str, Any] = {"records": len(metas), "unreadable_meta": sum(m is None for m in metas),
+                            "platforms": sorted({m.platform for m in metas if m is not None})}
     keep = np.arange(len(metas))
     if cfg.rebalance_step_keep or cfg.rebalance_max_share:
         keep, info["rebalance"] = M.rebalance(metas, step_keep=cfg.rebalance_step_keep,

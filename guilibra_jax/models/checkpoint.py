@@ -21,7 +21,8 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.flax import save_file
 
-from guilibra_jax.models.config import ModelConfig
+from guilibra_jax.errors import UserError
+from guilibra_jax.models.config import FAMILIES, ModelConfig
 from guilibra_jax.models.model import QwenVL
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
@@ -29,8 +30,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "mer
                    "video_preprocessor_config.json", "processor_config.json", "generation_config.json")
 
 
-class CheckpointError(ValueError):
-  """A tensor is missing, unexpected or mis-shaped; the message names the tensor and the file."""
+class CheckpointError(UserError):
+  """A checkpoint folder we cannot use: a missing shard, a tensor missing, unexpected or
+  mis-shaped, an unsupported architecture, a tokenizer of another model. The message
+  names the file (and the tensor or token)."""
 
 
 # ----------------------------------------------------------------------------- names
@@ -121,12 +124,21 @@ def _tensor_files(path: str) -> dict[str, str]:
   """tensor name (as in the files) -> file path."""
   index = os.path.join(path, "model.safetensors.index.json")
   if os.path.exists(index):
-    with open(index) as f:
-      weight_map = json.load(f)["weight_map"]
-    return {k: os.path.join(path, v) for k, v in weight_map.items()}
+    try:
+      with open(index) as f:
+        weight_map = json.load(f)["weight_map"]
+    except (ValueError, KeyError) as e:
+      raise CheckpointError(f"{index} is not a safetensors index (a JSON object with a 'weight_map'): {e}") from None
+    files = {k: os.path.join(path, v) for k, v in weight_map.items()}
+    for shard in sorted(set(files.values())):
+      if not os.path.exists(shard):
+        names = sorted(k for k, v in files.items() if v == shard)
+        raise CheckpointError(f"shard {shard} is missing: {index} maps {len(names)} tensors to it (first: "
+                              f"{names[0]!r}); copy the whole checkpoint folder")
+    return files
   single = os.path.join(path, "model.safetensors")
   if not os.path.exists(single):
-    raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json")
+    raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json")
   with safe_open(single, framework="flax") as f:
     return {k: single for k in f.keys()}
 
@@ -149,6 +161,60 @@ def _untie_if_distinct_head(config: ModelConfig, files: dict, by_canonical: dict
   return dataclasses.replace(config, tie_word_embeddings=False)
 
 
+def read_config(path: str) -> ModelConfig:
+  """The ModelConfig of a checkpoint folder; CheckpointError naming config.json when it
+  is absent, unreadable, or describes an architecture we do not implement."""
+  cfg_path = os.path.join(path, "config.json")
+  if not os.path.exists(cfg_path):
+    raise CheckpointError(f"{path}: no config.json (not a Hugging Face checkpoint folder)")
+  try:
+    with open(cfg_path) as f:
+      cfg = json.load(f)
+  except ValueError as e:
+    raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from None
+  if cfg.get("model_type") not in FAMILIES:
+    raise CheckpointError(f"{cfg_path}: model_type {cfg.get('model_type')!r} (architectures "
+                          f"{cfg.get('architectures')}) is not supported; expected one of {FAMILIES} "
+                          f"(Qwen2_5_VLForConditionalGeneration, Qwen3VLForConditionalGeneration)")
+  try:
+    return ModelConfig.from_hf(cfg)
+  except KeyError as e:
+    raise CheckpointError(f"{cfg_path} lacks the key {e.args[0]!r} that a {cfg['model_type']} config needs") from None
+  except ValueError as e:
+    raise CheckpointError(f"{cfg_path}: {e}") from None
+
+
+SPECIAL_TOKENS = {"<|image_pad|>": "image_token_id", "<|video_pad|>": "video_token_id",
+                  "<|vision_start|>": "vision_start_token_id", "<|vision_end|>": "vision_end_token_id"}
+
+
+def check_tokenizer_files(path: str, config: ModelConfig) -> None:
+  """If ``path`` holds a tokenizer.json, check that it belongs to the model: Qwen's
+  vision tokens have the ids config.json gives them, and every token id has a row in
+  the embedding. CheckpointError naming the file, the token or the tensor otherwise."""
+  tok_path = os.path.join(path, "tokenizer.json")
+  if not os.path.exists(tok_path):
+    return
+  try:
+    with open(tok_path) as f:
+      tok = json.load(f)
+  except ValueError as e:
+    raise CheckpointError(f"{tok_path} is not valid JSON: {e}") from None
+  ids = {t["content"]: int(t["id"]) for t in tok.get("added_tokens") or []}
+  vocab = (tok.get("model") or {}).get("vocab") or {}
+  for token, key in SPECIAL_TOKENS.items():
+    found = ids.get(token, vocab.get(token) if isinstance(vocab, dict) else None)
+    if found is not None and found != getattr(config, key):
+      raise CheckpointError(f"{tok_path}: token {token} has id {found} but config.json {key} is "
+                            f"{getattr(config, key)}: the tokenizer belongs to another model")
+  n_ids = 1 + max([*ids.values(), *(vocab.values() if isinstance(vocab, dict) else [len(vocab) - 1]), -1])
+  if n_ids > config.text.vocab_size:
+    raise CheckpointError(f"{tok_path} holds token ids up to {n_ids - 1} but tensor "
+                          f"{file_name('model.language_model.embed_tokens.weight', config.family)!r} has "
+                          f"{config.text.vocab_size} rows (config.json vocab_size): the tokenizer belongs to "
+                          f"another model")
+
+
 def load_hf(path: str, dtype=jnp.float32, param_dtype=jnp.float32, mesh=None, **model_kwargs
             ) -> tuple[QwenVL, ModelConfig]:
   """Load a local HF checkpoint folder (config.json + single or sharded safetensors).
@@ -160,7 +226,8 @@ def load_hf(path: str, dtype=jnp.float32, param_dtype=jnp.float32, mesh=None, **
   naming the tensor and file on a missing, unexpected or mis-shaped tensor.
   """
   path = os.fspath(path)
-  config = ModelConfig.from_hf(path)
+  config = read_config(path)
+  check_tokenizer_files(path, config)
   files = _tensor_files(path)
   by_canonical = {canonical_name(k): k for k in files}
   config = _untie_if_distinct_head(config, files, by_canonical)

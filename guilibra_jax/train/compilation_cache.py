@@ -4,7 +4,8 @@ A resumed or repeated run loads its compiled programs from disk instead of compi
 them again (minutes for a large model on GPUs). ``"auto"`` (the default) keeps the
 cache in ``WORKDIR/compilation_cache``: resumed runs and every process of a multi-host
 run (the workdir is on shared storage) find it; a path shares one cache between runs;
-``""`` turns it off. JAX writes only programs that took at least
+``""`` turns it off. With ``JAX_COMPILATION_CACHE_DIR`` set in the environment, ``"auto"``
+uses that folder instead (one cache for a cluster's jobs). JAX writes only programs that took at least
 ``jax_persistent_cache_min_compile_time_secs`` (1 s by default) to compile.
 
 The cache is trusted code: do not point it at a folder others can write to.
@@ -26,6 +27,8 @@ def cache_dir_for_run(setting: str, workdir: str) -> str | None:
     if not setting:
         return None
     if setting == "auto":
+        if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+            return os.path.abspath(os.environ["JAX_COMPILATION_CACHE_DIR"])
         return os.path.join(os.path.abspath(workdir), "compilation_cache")
     return os.path.abspath(os.path.expanduser(setting))
 

@@ -9,6 +9,7 @@ import glob
 import json
 import logging
 import os
+import shutil
 from typing import Any
 
 import jax
@@ -16,6 +17,7 @@ import numpy as np
 
 from guilibra_jax import actions as A
 from guilibra_jax import rewards as R
+from guilibra_jax.errors import ConfigError
 from guilibra_jax.models.vision import device_vision_inputs
 
 log = logging.getLogger(__name__)
@@ -52,8 +54,14 @@ def ensure_synthetic_data(config, workdir: str) -> dict:
     manifest_path = os.path.join(out, "manifest.json")
 
     def make():
-        manifest = export_dataset(out, platforms=tuple(s.platforms), n_tasks=s.tasks, seed=s.seed,
+        # Written aside and renamed when complete: a run killed mid-export leaves no
+        # half dataset that a rerun would take for the whole one.
+        partial = out + ".partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        manifest = export_dataset(partial, platforms=tuple(s.platforms), n_tasks=s.tasks, seed=s.seed,
                                   split_fraction=s.test_fraction, extra_formats=())
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(partial, out)
         log.info("synthetic dataset: %s", {k: v for k, v in manifest.items() if "count" in k or k == "seconds"})
 
     once_on_main(lambda: os.path.exists(manifest_path), make, "synthetic data export")
@@ -61,12 +69,12 @@ def ensure_synthetic_data(config, workdir: str) -> dict:
         return json.load(f)
 
 
-def _expand(patterns) -> list[str]:
+def _expand(patterns, key: str) -> list[str]:
     files: list[str] = []
     for p in patterns:
         hits = sorted(glob.glob(p)) if any(ch in p for ch in "*?[") else [p]
         if not hits:
-            raise FileNotFoundError(f"data file pattern {p!r} matches nothing")
+            raise ConfigError(f"config key {key}: pattern {p!r} matches no file")
         files.extend(hits)
     return files
 
@@ -75,13 +83,13 @@ def train_files(config, workdir: str) -> list[str]:
     if config.data.synthetic.enabled:
         ensure_synthetic_data(config, workdir)
         return [os.path.join(synthetic_dir(workdir), "train.jsonl")]
-    return _expand(config.data.train_files)
+    return _expand(config.data.train_files, "data.train_files")
 
 
 def eval_files(config, workdir: str) -> list[str]:
     if config.data.synthetic.enabled:
         return [os.path.join(synthetic_dir(workdir), "test.jsonl")]
-    return _expand(config.data.eval_files)
+    return _expand(config.data.eval_files, "data.eval_files")
 
 
 def prepare_tokenizer(config, workdir: str):
@@ -96,12 +104,13 @@ def prepare_tokenizer(config, workdir: str):
 
     def make():
         from guilibra_jax.data.demo_tokenizer import build_demo_tokenizer, demo_corpus
-        from guilibra_jax.envs.export import load_records
-        records = []
-        for f in files:
-            records.extend(load_records(f))
+        records = readable_records(config, files)
+        partial = out + ".partial"  # renamed when complete (a killed run leaves no half tokenizer)
+        shutil.rmtree(partial, ignore_errors=True)
         build_demo_tokenizer(demo_corpus(records, config.model.tiny.family, (config.data.method,)),
-                             config.data.synthetic.tokenizer_vocab, out)
+                             config.data.synthetic.tokenizer_vocab, partial)
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(partial, out)
 
     once_on_main(lambda: os.path.exists(os.path.join(out, "tokenizer.json")), make, "demo tokenizer")
     return load_tokenizer(out)
@@ -135,6 +144,57 @@ def think_opened(config, tokenizer) -> bool:
     tokenizer's chat template), so responses may lack ``<think>``."""
     from guilibra_jax.data import prompts as P
     return P.opens_think(P.generation_prefix(config.data.open_think, tokenizer))
+
+
+def readable_records(config, files: list[str]) -> list:
+    """The records of ``files`` (in ``data.format``) that parse; bad ones are skipped
+    here (the training loader counts them when it meets them)."""
+    from guilibra_jax.data import bad_records as B
+    from guilibra_jax.data import readers
+    source = readers.open_source(files, config.data.format, image_root=config.data.image_root or None)
+    return [r for r in source if not isinstance(r, B.Dropped)]
+
+
+def _pipeline_iterator(loader):
+    """The data.pipeline iterator of ``loader`` (itself, or held as ``.loader``), or None."""
+    for it in (loader, getattr(loader, "loader", None)):
+        if it is not None and hasattr(it, "bad_records"):
+            return it
+    return None
+
+
+def excluded_at_index(loader) -> dict[str, int]:
+    """Records left out before reading, by reason: Uni-GUI steps marked unused or deleted,
+    and records the RL rebalancing dropped (counts from the loader's ``info``)."""
+    info = getattr(_pipeline_iterator(loader), "info", None) or {}
+    out = {f"uni_gui_{k}": int(v) for k, v in (info.get("uni_gui_skipped") or {}).items() if v}
+    if info.get("rebalance"):
+        out["rebalanced_out"] = int(info["rebalance"]["before"]["n"] - info["rebalance"]["after"]["n"])
+    return out
+
+
+def drop_metrics(loader) -> dict[str, int]:
+    """Counters of the records ``loader`` (a data.pipeline iterator, or anything holding
+    one as ``.loader``) skipped or filtered so far, by reason, for a metrics row:
+    ``data/kept``, ``data/bad``, ``data/bad/<reason>``, ``data/filtered``,
+    ``data/filtered/<reason>``, and ``data/excluded/<reason>`` for records left out when
+    the index was built; {} for a loader that keeps no counts."""
+    it = _pipeline_iterator(loader)
+    if it is None:
+        return {}
+    out = it.bad_records.as_metrics()
+    out.update({f"data/excluded/{k}": v for k, v in excluded_at_index(loader).items()})
+    return out
+
+
+def drop_report(loader) -> str:
+    """One line for the end of a run: samples used, bad records and filtered ones by reason."""
+    it = _pipeline_iterator(loader)
+    if it is None:
+        return "no record counts (the data source keeps none)"
+    excluded = excluded_at_index(loader)
+    tail = f"; left out when indexing: {', '.join(f'{k}={v}' for k, v in excluded.items())}" if excluded else ""
+    return it.bad_records.report() + tail
 
 
 def data_config(config, files: list[str], *, for_eval: bool = False) -> dict:
@@ -269,7 +329,6 @@ def make_evaluator(config, tokenizer, model_config, graphdef, workdir: str, mesh
     the results are gathered (a collective: every process calls it)."""
     from guilibra_jax import generate as G
     from guilibra_jax.data.pipeline import make_rl_loader
-    from guilibra_jax.envs.export import load_records
 
     if config.data.method != "guilibra":
         log.warning("offline eval hook scores GUI-Libra responses only; data.method=%s: disabled",
@@ -285,7 +344,7 @@ def make_evaluator(config, tokenizer, model_config, graphdef, workdir: str, mesh
                  if i is not None)
     sampling = G.SamplingConfig(temperature=0.0, max_new_tokens=config.train.eval_max_new_tokens,
                                 stop_token_ids=stop, pad_token_id=tokenizer.pad_token_id or 0)
-    train_targets = [r.reward_target() for f in train_files(config, workdir) for r in load_records(f)]
+    train_targets = [r.reward_target() for r in readable_records(config, train_files(config, workdir))]
     baseline_cache: dict[str, float] = {}
 
     procs = jax.process_count()

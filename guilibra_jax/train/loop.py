@@ -17,16 +17,17 @@ import numpy as np
 from flax import nnx
 
 from guilibra_jax import sharding as S
+from guilibra_jax.errors import ConfigError
 from guilibra_jax.train import checkpoint as C
 from guilibra_jax.train import compilation_cache
 from guilibra_jax.train import config as run_config
-from guilibra_jax.train import model_factory
+from guilibra_jax.train import model_factory, run_history
 from guilibra_jax.train import multihost as MH
 from guilibra_jax.train.batching import put_batch, stack_micro_batches  # noqa: F401 (re-exported)
 from guilibra_jax.train.curves import write_curves
 from guilibra_jax.train.guards import Divergence, Preemption
 from guilibra_jax.train.metrics import Progress, writer_for_run
-from guilibra_jax.train.optimizer import make_optimizer
+from guilibra_jax.train.optimizer import make_optimizer, param_paths, unmatched_patterns
 from guilibra_jax.train.profiler import StepProfiler
 from guilibra_jax.train.sft_step import make_sft_step
 from guilibra_jax.train.step_core import init_state
@@ -35,8 +36,15 @@ log = logging.getLogger(__name__)
 
 
 def optimizer_from_config(config, params, total_steps: int):
-    """(tx, schedule) of ``config.optim`` over ``total_steps`` optimizer updates."""
+    """(tx, schedule) of ``config.optim`` over ``total_steps`` optimizer updates. A
+    freeze / lr-multiplier regex that matches no parameter path is a ConfigError."""
     o = config.optim
+    for key, patterns in (("optim.freeze", tuple(o.freeze)), ("optim.lr_multipliers", tuple(o.lr_multipliers))):
+        unmatched = unmatched_patterns(params, patterns)
+        if unmatched:
+            example = jax.tree.leaves(param_paths(params))[:3]
+            raise ConfigError(f"config key {key} pattern {unmatched[0]!r} matches no parameter path (paths look "
+                              f"like {', '.join(example)}; re.search over '/'-joined paths)")
     return make_optimizer(params, lr=o.lr, total_steps=total_steps, warmup_steps=o.warmup_steps,
                           schedule=o.schedule, weight_decay=o.weight_decay, b1=o.b1, b2=o.b2, eps=o.eps,
                           clip_norm=o.clip_norm, lr_multipliers=dict(o.lr_multipliers), freeze=tuple(o.freeze),
@@ -59,16 +67,20 @@ def sharded_state(params, tx, param_sh, mesh, *, materialize: bool = True) -> tu
 
 
 def open_checkpoints(workdir: str, tc, state, data) -> tuple[C.Checkpointer, int, dict]:
-    """(checkpointer, start step, state): the latest complete checkpoint of ``workdir``
-    restored into ``state``'s shardings and ``data``'s iterator, or step 0 as given."""
+    """(checkpointer, start step, state): the newest checkpoint of ``workdir`` that
+    restores (damaged newer ones skipped with a warning, see
+    ``Checkpointer.restore_latest``), into ``state``'s shardings and ``data``'s
+    iterator; or step 0 as given when there is none. Logs which step it resumed from."""
     ckpt = C.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=tc.keep_checkpoints,
                           async_save=tc.async_checkpoints)
-    start = 0
-    if ckpt.latest_step() is not None:
-        start, state, data_state = ckpt.restore(state)
-        if data_state is not None:
-            data.set_state(MH.own_state(data_state))
-        log.info("resumed from step %d", start)
+    restored = ckpt.restore_latest(state)
+    if restored is None:
+        log.info("no checkpoint in %s: starting from step 0", ckpt.directory)
+        return ckpt, 0, state
+    start, state, data_state = restored
+    if data_state is not None:
+        data.set_state(MH.own_state(data_state))
+    log.info("resumed from step %d (%s)", start, ckpt.step_dir(start))
     return ckpt, start, state
 
 
@@ -112,8 +124,7 @@ def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict
 
     os.makedirs(workdir, exist_ok=True)
     is_main = jax.process_index() == 0
-    if is_main:
-        C.write_json(os.path.join(workdir, "config.json"), config.to_dict())
+    run_history.record_config(config, workdir, is_main=is_main)
     compilation_cache.enable(config.train.compilation_cache_dir, workdir)
 
     mesh = MH.run_mesh(config)
@@ -174,6 +185,7 @@ def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict
                 metrics = jax.device_get(metrics)
                 now = time.time()
                 metrics["tokens_per_s"] = tokens_since / max(now - t_last, 1e-9)
+                metrics.update(data_source.drop_metrics(data))
                 t_last, tokens_since = now, 0.0
                 last_row = writer.write(step, metrics)
                 progress.update(step, last_row)
@@ -185,6 +197,7 @@ def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict
             divergence.update(pending[0], bool(jax.device_get(pending[1])))
     profiler.close()
     finish_run(step, state, tc, ckpt, progress, writer, graphdef, model_config, tokenizer, workdir, is_main)
+    log.info("data: %s", data_source.drop_report(data))
     if hasattr(data, "close"):
         data.close()
     return last_row

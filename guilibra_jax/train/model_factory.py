@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from guilibra_jax import models as M
+from guilibra_jax.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,11 @@ def model_config_of(config: Any, tokenizer) -> M.ModelConfig:
         return M.ModelConfig.from_hf(mc.hf_path)
     if mc.name == "tiny":
         return tiny_model_config(mc.tiny, tokenizer)
-    return M.named_config(mc.name)
+    try:
+        return M.named_config(mc.name)
+    except KeyError as e:
+        raise ConfigError(f"config key model.name = {mc.name!r} is invalid: expected 'tiny' or a named size "
+                          f"({e.args[0]})") from None
 
 
 def load_tokenizer(path: str):

@@ -44,6 +44,7 @@ from guilibra_jax.train import frozen as FZ
 from guilibra_jax.train import model_factory
 from guilibra_jax.train import multihost as MH
 from guilibra_jax.train import rollout as RO
+from guilibra_jax.train import run_history
 from guilibra_jax.train.batching import put_batch, stack_micro_batches
 from guilibra_jax.train.guards import Divergence, Preemption
 from guilibra_jax.train.loop import (eval_and_checkpoint, finish_run, open_checkpoints, optimizer_from_config,
@@ -429,8 +430,7 @@ def train_rl(config, workdir: str) -> dict:
     rl, tc = config.rl, config.train
     is_main = jax.process_index() == 0
     os.makedirs(workdir, exist_ok=True)
-    if is_main:
-        C.write_json(os.path.join(workdir, "config.json"), config.to_dict())
+    run_history.record_config(config, workdir, is_main=is_main)
     mesh = MH.run_mesh(config)
     data_source.per_process_batch(config)   # bad batch / process counts fail before any model
     tokenizer = data_source.prepare_tokenizer(config, workdir)
@@ -440,6 +440,9 @@ def train_rl(config, workdir: str) -> dict:
     prompts = Prompts(make_rl_loader(dcfg, tokenizer, s.model_config, shard_index=jax.process_index(),
                                      shard_count=jax.process_count()))
     data_source.record_data_info(workdir, prompts.loader.info)
+    if config.method == "mopd":   # every platform of the data has a teacher (ConfigError naming rl.teachers)
+        from guilibra_jax.train.config import check_teachers
+        check_teachers(rl.teachers, MH.gather_strings(list(prompts.loader.info.get("platforms", []))))
     if tc.memory_plan:
         from guilibra_jax.train import plan as PLAN
         report = PLAN.plan_stage2(s, state, state_sh, device_memory_gib=PLAN.device_memory_gib(mesh))
@@ -478,6 +481,7 @@ def train_rl(config, workdir: str) -> dict:
             row = rollout_metrics(c, adv, config.method, rl.max_new_tokens, rl.group_filter.enabled)
             row.update({k: float(v) for k, v in metrics.items()})
             row.update(sample_s=t1 - t0, score_s=t2 - t1, update_s=t3 - t2, step_s=t3 - t0)
+            row.update(data_source.drop_metrics(prompts))   # process 0's record counts
             if step % tc.log_every == 0 or step == tc.steps:
                 last_row = writer.write(step, row)
                 progress.update(step, last_row)
@@ -488,5 +492,6 @@ def train_rl(config, workdir: str) -> dict:
                 break
     profiler.close()
     finish_run(step, state, tc, ckpt, progress, writer, s.graphdef, s.model_config, tokenizer, workdir, is_main)
+    log.info("data: %s", data_source.drop_report(prompts))
     prompts.close()
     return last_row

@@ -174,6 +174,12 @@ def test_rl_batch_has_left_padded_prompts_and_targets(uni_gui_dir, qwen_tok, qwe
     np.testing.assert_array_equal(b["rope_deltas"], deltas)
     assert len(b["reward_targets"]) == 4 and all(isinstance(t, RW.Target) for t in b["reward_targets"])
     assert b["platform"] == ["desktop"] * 4 and all(t.tool_call is not None for t in b["reward_targets"])
+    # What MOPD checks its teachers against, and steps left out before reading, counted.
+    from guilibra_jax.train import data_source
+    assert it.info["platforms"] == ["desktop", "mobile"]
+    counts = data_source.drop_metrics(it)
+    assert counts["data/excluded/uni_gui_unused_step"] == 3 and counts["data/kept"] == 4
+    assert "left out when indexing: uni_gui_unused_step=3" in data_source.drop_report(it)
     it.close()
 
 

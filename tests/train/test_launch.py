@@ -1,8 +1,11 @@
-"""`python -m launch.train` end to end on the tiny demo config: resume after kill -9
-equals an uninterrupted run, SIGTERM leaves a checkpoint, config errors name the key,
-and the exported Hugging Face folder loads in transformers with matching logits."""
+"""`python -m launch.train` end to end on the tiny demo config: kill -9 during an
+asynchronous save and at a random moment, then reruns, leave parameters bitwise equal to
+an uninterrupted run's (each rerun says which step it resumed from); SIGTERM leaves a
+checkpoint; config errors name the key; the exported Hugging Face folder loads in
+transformers with matching logits."""
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -11,9 +14,14 @@ import time
 import numpy as np
 import pytest
 
+import chaos
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Asynchronous checkpoints (the default) every 2 steps: a kill can cut a save short, and
+# a resume may have to redo steps.
 SMOKE = ["--config=configs/demo.py:smoke", "--config.data.synthetic.tasks=8", "--config.train.steps=6",
-         "--config.train.checkpoint_every=2", "--config.train.async_checkpoints=False"]
+         "--config.train.checkpoint_every=2"]
+SEED = int(os.environ.get("GUILIBRA_CHAOS_SEED", time.time_ns() % 2**31))
 
 
 def launch(workdir, *extra, wait=True, env=None):
@@ -24,17 +32,6 @@ def launch(workdir, *extra, wait=True, env=None):
     if not wait:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    return out
-
-
-def losses(workdir):
-    """step -> loss, the last logged value per step (a resumed run logs again)."""
-    out = {}
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        for line in f:
-            row = json.loads(line)
-            if "loss" in row:
-                out[row["step"]] = row["loss"]
     return out
 
 
@@ -51,29 +48,43 @@ def wait_for_step(workdir, step, proc, timeout=600):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
+def uninterrupted(tmp_path_factory, compile_cache):
     workdir = str(tmp_path_factory.mktemp("full"))
-    out = launch(workdir, "--config.train.profile_steps=(2,4)")
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    out = chaos.run_to_end(workdir, SMOKE + ["--config.train.profile_steps=(2,4)"], compile_cache)
+    assert chaos.resumed_from(out) == 0  # a fresh workdir says it starts from step 0
     return workdir
 
 
-def test_kill_9_then_rerun_matches_uninterrupted(uninterrupted, tmp_path):
+def test_kill_9_during_an_async_save_and_at_a_random_moment_then_reruns_are_bitwise_exact(
+        uninterrupted, compile_cache, tmp_path):
     workdir = str(tmp_path / "killed")
-    proc = launch(workdir, wait=False)
-    wait_for_step(workdir, 3, proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    steps_done = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
-    assert steps_done and max(steps_done) < 6
-    assert os.listdir(os.path.join(workdir, "compilation_cache"))
-    out = launch(workdir, env={"JAX_LOG_COMPILES": "1"})  # the same command resumes
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "Persistent compilation cache hit" in out.stderr    # programs come from the killed run's cache
-    ref, resumed = losses(uninterrupted), losses(workdir)
-    assert sorted(ref) == list(range(1, 7))
-    for step in range(max(steps_done) + 1, 7):
-        np.testing.assert_allclose(resumed[step], ref[step], rtol=1e-5, err_msg=f"step {step}")
+    cut = chaos.kill_during_save(workdir, SMOKE, compile_cache, min_step=4)
+    assert chaos.unfinished_saves(workdir), "the kill did not land inside an asynchronous save"
+    assert max(chaos.complete_steps(workdir), default=0) < cut
+    # The next launch resumes from the newest complete checkpoint before the cut save
+    # (removing the unfinished one); it is killed again at a random moment.
+    notes = chaos.chaos_run(workdir, SMOKE, compile_cache, random.Random(SEED), kills=1, steps=6)
+    assert not chaos.unfinished_saves(workdir)
+    assert chaos.complete_steps(workdir)[-1] == 6
+    chaos.assert_bitwise_equal_exports(uninterrupted, workdir)
+    last = {r["step"]: r["loss"] for r in chaos.metric_rows(workdir)}  # a step logged again: the last row
+    ref = {r["step"]: r["loss"] for r in chaos.metric_rows(uninterrupted)}
+    assert 6 in last and all(last[s] == loss for s, loss in ref.items() if s in last), (SEED, notes)
+
+
+# The demo recipe's model and data (480 synthetic tasks), 30 steps, a checkpoint every 5.
+DEMO = ["--config=configs/demo.py", "--config.train.steps=30", "--config.train.checkpoint_every=5",
+        "--config.train.log_every=1", "--config.train.eval_every=0", "--config.train.progress=False"]
+
+
+@pytest.mark.slow
+def test_demo_run_killed_at_ten_random_moments_ends_bitwise_exact(compile_cache, tmp_path):
+    reference = str(tmp_path / "reference")
+    chaos.run_to_end(reference, DEMO, compile_cache, timeout=3600)
+    workdir = str(tmp_path / "killed")
+    notes = chaos.chaos_run(workdir, DEMO, compile_cache, random.Random(SEED), kills=10, steps=30, startup_s=40.0)
+    print("\n".join([f"seed {SEED}", *notes]))
+    chaos.assert_bitwise_equal_exports(reference, workdir)
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
@@ -88,15 +99,27 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     assert not os.path.exists(os.path.join(workdir, "export"))  # an unfinished run is not exported
 
 
-def test_a_finished_run_leaves_its_profile_trace_curves_and_compilation_cache(uninterrupted):
+def test_a_finished_run_leaves_its_profile_trace_curves_and_compilation_cache(uninterrupted, compile_cache):
     from PIL import Image
     traces = [n for _, _, names in os.walk(os.path.join(uninterrupted, "profile")) for n in names]
     assert any(n.endswith(".xplane.pb") for n in traces), traces
     assert Image.open(os.path.join(uninterrupted, "curves.png")).size == (840, 300)
-    assert os.listdir(os.path.join(uninterrupted, "compilation_cache"))
+    assert os.listdir(compile_cache)   # JAX_COMPILATION_CACHE_DIR (chaos.env) is what "auto" uses when set
     with open(os.path.join(uninterrupted, "export", "preprocessor_config.json")) as f:
         pre = json.load(f)
     assert (pre["min_pixels"], pre["max_pixels"]) == (56 * 56, 112 * 112)      # configs/demo.py
+
+
+def test_a_rerun_with_another_config_refuses_to_start_and_names_the_keys(uninterrupted):
+    before = open(os.path.join(uninterrupted, "config.json")).read()
+    out = subprocess.run([sys.executable, "-m", "launch.train", f"--workdir={uninterrupted}", *SMOKE,
+                          "--config.train.steps=8", "--config.optim.lr=0.01"], cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"},
+                         capture_output=True, text=True, timeout=600)
+    errors = [l for l in out.stderr.splitlines() if l.startswith("error:")]
+    assert out.returncode == 2 and len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "train.steps: 6 -> 8" in errors[0] and "optim.lr: 0.003 -> 0.01" in errors[0]
+    assert open(os.path.join(uninterrupted, "config.json")).read() == before
 
 
 def test_unknown_config_key_is_named(tmp_path):

@@ -138,8 +138,11 @@ def test_profiler_writes_a_trace_of_the_chosen_steps(tmp_path):
         parse_steps((3, 3))
 
 
-def test_compilation_cache_folder_of_a_run():
+def test_compilation_cache_folder_of_a_run(monkeypatch):
     from guilibra_jax.train.compilation_cache import cache_dir_for_run
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/cluster/xla")
+    assert cache_dir_for_run("auto", "/runs/a") == "/cluster/xla" and cache_dir_for_run("", "/runs/a") is None
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
     assert cache_dir_for_run("auto", "/runs/a") == "/runs/a/compilation_cache"
     assert cache_dir_for_run("", "/runs/a") is None
     assert cache_dir_for_run("/shared/xla", "/runs/a") == "/shared/xla"
