@@ -105,6 +105,9 @@ def markdown(report: dict[str, Any]) -> str:
                 for name, s in fv.items()]
         lines += _table(rows, ("stages", "records", "corrupted", "removed", "precision", "recall", "clean kept",
                                "recall by kind")) + [""]
+    if report.get("endpoint_requests"):
+        lines += ["Endpoint requests by outcome (all stages): " + ", ".join(
+            f"{k} {v}" for k, v in sorted(report["endpoint_requests"].items())), ""]
     lines += ["## Outputs", ""]
     for name, out in report["outputs"].items():
         lines.append(f"- {name}: {out['records']} records: {', '.join(out['files'])}")

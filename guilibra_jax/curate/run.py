@@ -430,6 +430,9 @@ def run_curation(cfg, workdir: str) -> dict[str, Any]:
     report: dict[str, Any] = {"inputs": {k: info[k] for k in ("format", "inputs", "records")}, "stages": summary}
     if cfg.data.limit:
         report["inputs"]["limit"] = cfg.data.limit
+    for sampler in {id(x): x for x in samplers.values()}.values():
+        if hasattr(sampler, "stats"):
+            report["endpoint_requests"] = sampler.stats()
     if is_main:
         report["outputs"] = write_outputs(cfg, workdir, source, info["format"], sets, logs)
         report["examples"] = {s: examples(cfg, source, s, ids_in, logs[s])

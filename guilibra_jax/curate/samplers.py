@@ -193,6 +193,10 @@ class EndpointSampler:
     def frame(self, record) -> Frame:
         return family_frame(record, self.family, self.img_cfg)
 
+    def stats(self) -> dict[str, int]:
+        """Requests by outcome so far (ok, timeout, http_<code>, malformed, failed, ...)."""
+        return self.endpoint.summary()
+
     def request(self, p: Prompt, params: SamplingParams) -> dict:
         """The chat body of a prompt (raises ImageLoadError for an unreadable screenshot)."""
         image = I.load_image(p.record.image)
