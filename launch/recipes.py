@@ -18,7 +18,7 @@ CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 
 class Recipe(NamedTuple):
     path: str              # configs/X.py
-    kind: str              # "train" (builds on train.config.base_config) or "eval"
+    kind: str              # "train" (builds on train.config.base_config), "curate" (launch.curate's) or "eval"
     args: tuple[str, ...]  # accepted ``:arg`` values ("" = none)
     default: str | None    # get_config's default argument
     summary: str           # the docstring's first sentence or line
@@ -79,7 +79,8 @@ def read_recipe(path: str, configs_dir: str = CONFIGS_DIR) -> Recipe | None:
     with open(path) as f:
         source = f.read()
     tree = ast.parse(source)
-    kind = "train" if "base_config" in source or re.search(r"^from configs[. ]", source, re.M) else "eval"
+    kind = "train" if "base_config" in source or re.search(r"^from configs[. ]", source, re.M) else (
+        "curate" if "launch.curate" in source else "eval")
     fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_config"), None)
     if fn is None:
         return None
