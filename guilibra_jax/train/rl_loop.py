@@ -179,13 +179,12 @@ def device_inputs(s: Stage2, host: dict, micro_axis: bool = False) -> dict:
 
 
 def _no_images(s: Stage2, micro_axis: bool, host: dict):
-    """Inert padding patches (as collate's dummy image): no image token takes them."""
+    """Inert padding patches and empty tower slots (as collate's batch without images)."""
     vc = s.model_config.vision
-    m = vc.spatial_merge_size
     n = s.patch_bucket
     dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size * vc.patch_size
     pv = np.zeros((n, dim), np.float32)
-    vision = prepare_vision_inputs(np.array([[1, m, n // m]]), s.model_config, num_patches=n)
+    vision = prepare_vision_inputs(np.zeros((0, 3), np.int64), s.model_config, num_patches=n)
     if micro_axis:
         k = len(next(iter(host.values())))
         return np.stack([pv] * k), {key: np.stack([v] * k) for key, v in vision.items()}
