@@ -145,8 +145,14 @@ def setup(config, mesh, tokenizer, *, materialize: bool = True) -> tuple[Stage2,
     dp = int(np.prod([mesh.shape[a] for a in S.BATCH_AXES]))
     s2 = Stage2(config, mesh, graphdef, model_config, tokenizer, sampling, frozen, update_fn, pad_id, stop, banned,
                 row_multiple=max(1, dp // jax.process_count()),
-                think_opened=data_source.think_opened(config, tokenizer) if tokenizer is not None else False)
+                think_opened=_think_opened(config, tokenizer))
     return s2, state, state_sh
+
+
+def _think_opened(config, tokenizer) -> bool:
+    """data_source.think_opened, False when planning without a tokenizer."""
+    from guilibra_jax.train import data_source
+    return tokenizer is not None and data_source.think_opened(config, tokenizer)
 
 
 def special_ids(tokenizer, model_config) -> tuple[int, tuple[int, ...]]:
