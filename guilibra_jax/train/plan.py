@@ -222,7 +222,9 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     processes = processes or jax.process_count()
     Tp, N = prompt_length(config), rl.max_new_tokens
     T = Tp + N
-    gen_rows = config.data.batch_size * rl.group_size
+    round_rows = config.data.batch_size * rl.group_size
+    gen_rows = rl.get("generation_rows", 0) or round_rows    # rows per sampler call
+    score_rows = rl.get("score_rows", 0) or round_rows       # rows per scoring call
     upd_rows = rl_loop.update_groups(config) * rl.group_size
     micro_rows = upd_rows // rl.minibatches // tc.grad_accum
     M = tc.grad_accum
@@ -261,20 +263,21 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     st["kv_cache_estimate"] = kv_cache_bytes(mc, gen_rows, T - 1, config.model.dtype, mesh)
     programs["sampler"] = st
 
-    # scoring: the policy (old log-probs) and each frozen model on a generation round's rows
-    seq = {"input_ids": np.zeros((gen_rows, T), np.int32), "positions": np.zeros((3, gen_rows, T), np.int32),
-           "segment_ids": np.zeros((gen_rows, T), np.int32), "pixel_values": pv, "vision": vision,
-           "response_mask": np.zeros((gen_rows, T), np.int32)}
+    # scoring: the policy (old log-probs) and each frozen model, rl.score_rows rows per call
+    pv, vision = image_inputs(config, mc, score_rows, processes)
+    seq = {"input_ids": np.zeros((score_rows, T), np.int32), "positions": np.zeros((3, score_rows, T), np.int32),
+           "segment_ids": np.zeros((score_rows, T), np.int32), "pixel_values": pv, "vision": vision,
+           "response_mask": np.zeros((score_rows, T), np.int32)}
     b = batch_struct(mesh, seq, micro_axis=False)
-    for name, gd, params in [("policy", s.graphdef, abs_state["params"])] + [
-            (n, f.graphdef, abstract(f.params)) for n, f in s.frozen.items()]:
+    scored = [] if rl_loop.reuse_sampler_log_probs(rl) else [("policy", s.graphdef, abs_state["params"])]
+    for name, gd, params in scored + [(n, f.graphdef, abstract(f.params)) for n, f in s.frozen.items()]:
         compiled = G.score.lower(gd, params, b["input_ids"], b["positions"], b["segment_ids"], b["pixel_values"],
                                  b["vision"], b["response_mask"], temperature=float(rl.temperature),
                                  chunk_size=s.chunk, banned_token_ids=s.banned).compile()
         st = compiled_stats(compiled)
         st["resident_args"] = per_device_bytes(params)
         programs[f"score_{name}"] = st
-    shapes = {"generation_rows": gen_rows, "update_rows": upd_rows, "micro_rows": micro_rows, "micro_batches": M,
+    shapes = {"round_rows": round_rows, "generation_rows": gen_rows, "score_rows": score_rows, "update_rows": upd_rows, "micro_rows": micro_rows, "micro_batches": M,
               "prompt_tokens": Tp, "response_tokens": N, "patches_per_image": patches_per_image(config, mc)}
     return _report(mesh, resident, programs, device_memory_gib, {"shapes": shapes})
 

@@ -198,6 +198,20 @@ def sequence_batch(ro: Rollout, rows: Sequence[int], model_config: Any, patch_bu
             "response_mask": response_mask.astype(np.int32), "pixel_values": pv, "vision": vision}
 
 
+def sampler_log_probs(ro: Rollout, n_slots: int) -> np.ndarray:
+    """The sampler's log-probs of the responses in :func:`sequence_batch`'s layout [R, Tp +
+    n_slots] (column t scores token t + 1; 0 off the responses), so they can stand in for a
+    rescoring by the same policy: equal up to float noise when the sampling distribution is
+    the policy's (top_p 1, top_k 0; ``test_rescored_rollout_equals_the_samplers_log_probs``)."""
+    if ro.sample_logp is None:
+        raise ValueError("rollout has no sampler log-probs")
+    Tp = ro.prompt_ids.shape[1]
+    on = (np.arange(n_slots)[None] < ro.lengths[:, None]) & ro.valid[:, None]
+    out = np.zeros((ro.rows, Tp + n_slots), np.float32)
+    out[:, Tp - 1:Tp - 1 + n_slots] = np.where(on, ro.sample_logp[:, :n_slots], 0.0)
+    return out
+
+
 # ----------------------------------------------------------------------------- rewards
 @dataclasses.dataclass
 class Scored:
