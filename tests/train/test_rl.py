@@ -353,8 +353,8 @@ def test_rollout_and_scoring_in_row_chunks():
     assert ro.rows == 3 * GROUP and ro.tokens.shape == (ro.rows, 5)
     whole = rl_loop.score(_stage()[0], params, ro)
     chunked = rl_loop.score(_stage(score_rows=2)[0], params, ro)
-    np.testing.assert_allclose(chunked.old_logp, whole.old_logp, atol=1e-6)
-    np.testing.assert_allclose(chunked.ref_logp, whole.ref_logp, atol=1e-6)
+    np.testing.assert_allclose(chunked.old_logp, whole.old_logp, atol=1e-5)   # other batch shapes: float noise
+    np.testing.assert_allclose(chunked.ref_logp, whole.ref_logp, atol=1e-5)
     assert np.abs(whole.ref_logp - whole.old_logp).max() > 1e-3          # the reference is another model
     n_slots = whole.old_logp.shape[1] - ro.prompt_ids.shape[1]
     np.testing.assert_allclose(RO.sampler_log_probs(ro, n_slots), whole.old_logp, atol=2e-5)
