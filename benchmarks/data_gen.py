@@ -7,7 +7,7 @@ bytes are reused, so generating many GB is I/O-bound. Records carry realistic te
 
 Formats: ``native`` (JSONL + PNG files), ``guilibra_sft`` (one JSON array + PNG
 files), ``guilibra_rl`` (parquet with the screenshots inside, row groups of
-``writers.DEFAULT_ROW_GROUP_MB``), ``uni_gui`` (episode folders of 10 steps:
+``parquet_rows.DEFAULT_ROW_GROUP_MB``), ``uni_gui`` (episode folders of 10 steps:
 ``task.json`` + screenshots). With ``link_images`` the PNG files of the file-based
 formats are hard links to the pool (same bytes, almost no disk).
 """

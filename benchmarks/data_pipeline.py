@@ -222,6 +222,8 @@ def child_run(spec: dict) -> dict:
     cfg = _loader_config(spec["format"], spec["path"], spec["workers"], spec["batch_size"])
     if spec["format"] == "uni_gui":
         cfg["max_pixels"] = 1280 * 32 * 32
+    if spec.get("max_pixels"):
+        cfg["max_pixels"] = int(spec["max_pixels"])
     source = None
     if spec.get("reader") == "legacy":
         source = (LegacyRlSource if spec["format"] == "guilibra_rl" else LegacySftSource)(spec["path"])
@@ -265,6 +267,37 @@ def child_index(spec: dict) -> dict:
     dt = time.perf_counter() - t0
     return {"open_and_meta_s": round(dt, 2), "records": len(src), "readable_meta": sum(m is not None for m in metas),
             "peak_rss_mb": round(_status_kb(os.getpid(), "VmHWM") / 1024, 1)}
+
+
+def child_reader_only(spec: dict) -> dict:
+    """The readers alone (record i -> StepRecord, screenshots not decoded), legacy and
+    indexed interleaved over ``spec['reps']`` shuffled passes: CPU time per record
+    (process time, little affected by other load) and the first access (legacy: the
+    whole table / array)."""
+    import random
+    from guilibra_jax.data import readers as R
+    legacy_cls = LegacyRlSource if spec["format"] == "guilibra_rl" else LegacySftSource
+    out = {}
+    srcs = {}
+    for name, make in (("legacy", lambda: legacy_cls(spec["path"])),
+                       ("indexed", lambda: R.open_source(spec["path"], spec["format"]))):
+        t0, c0 = time.perf_counter(), time.process_time()
+        srcs[name] = make()
+        srcs[name][0]
+        out[name] = {"first_access_s": round(time.perf_counter() - t0, 3),
+                     "first_access_cpu_s": round(time.process_time() - c0, 3), "cpu_us_per_record": []}
+    order = list(range(len(srcs["indexed"])))
+    for rep in range(spec.get("reps", 3)):
+        random.Random(rep).shuffle(order)
+        for name, src in srcs.items():
+            c0 = time.process_time()
+            for i in order:
+                src[i]
+            out[name]["cpu_us_per_record"].append(round((time.process_time() - c0) / len(order) * 1e6, 1))
+    for v in out.values():
+        v["cpu_us_per_record_median"] = sorted(v["cpu_us_per_record"])[len(v["cpu_us_per_record"]) // 2]
+    out["records"] = len(order)
+    return out
 
 
 def _spawn(kind: str, spec: dict, env: dict) -> dict:
@@ -371,6 +404,7 @@ def _size_name(gb: float) -> str:
 
 def scale(args) -> dict:
     from benchmarks import data_gen as G
+    from guilibra_jax.data import writers as W
     workdir = args.workdir or tempfile.mkdtemp(prefix="data_scale_")
     pool = G.make_pool(os.path.join(workdir, "pool"), args.pool)
     env = dict(os.environ, GUILIBRA_JAX_INDEX_CACHE=os.path.join(workdir, "index_cache"))
@@ -378,7 +412,7 @@ def scale(args) -> dict:
     workers = [int(w) for w in args.workers.split(",")]
     out = {"settings": {"sizes_gb": sizes, "workers": workers, "batches": args.batches, "batch_size": args.batch_size,
                         "pool_images": len(pool), "pool_mean_mb": round(sum(p["bytes"] for p in pool) / len(pool) / 2 ** 20, 2),
-                        "row_group_mb": 32, "shuffle": True, "read_threads": 4, "worker_buffer_size": 2},
+                        "row_group_mb": W.DEFAULT_ROW_GROUP_MB, "shuffle": True, "read_threads": 4, "worker_buffer_size": 2},
            "load_at_start": load_info(), "formats": {}}
     for fmt in args.formats.split(","):
         real = fmt == "guilibra_rl" or args.copy_images
@@ -455,6 +489,8 @@ def compare_legacy(args) -> dict:
         for fmt in ("guilibra_rl", "guilibra_sft"):
             path = G.generate(fmt, os.path.join(workdir, fmt), args.legacy_rows, pool, link_images=True)
             _spawn("index", {"format": fmt, "path": path}, env)     # warm the index cache
+            reader_only = _spawn("reader_only", {"format": fmt, "path": path, "reps": 3}, env)
+            print(json.dumps({"format": fmt, "reader_only": reader_only}), flush=True)
             runs = []
             for w in workers:
                 for reader in ("legacy", "indexed"):
@@ -468,7 +504,8 @@ def compare_legacy(args) -> dict:
                 old = next(r for r in runs if r["workers"] == w and r["reader"] == "legacy")
                 new = next(r for r in runs if r["workers"] == w and r["reader"] == "indexed")
                 ratio[str(w)] = round(new["samples_per_s"] / old["samples_per_s"], 2)
-            out["formats"][fmt] = {"runs": runs, "indexed_over_legacy_samples_per_s": ratio}
+            out["formats"][fmt] = {"reader_only": reader_only, "runs": runs,
+                                   "indexed_over_legacy_samples_per_s": ratio}
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -552,7 +589,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args._child:
         spec = json.loads(args._spec)
-        r = child_run(spec) if args._child == "run" else child_index(spec)
+        r = {"run": child_run, "index": child_index, "reader_only": child_reader_only}[args._child](spec)
         print("RESULT " + json.dumps(r), flush=True)
         return 0
     if not (args.scale or args.compare_legacy):

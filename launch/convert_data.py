@@ -3,7 +3,7 @@
     python -m launch.convert_data --input=DIR_OR_FILE --format=uni_gui --output=out.jsonl
     python -m launch.convert_data --input=out.jsonl --format=native --to=guilibra_sft --output=sft.json
     python -m launch.convert_data --input=rl.parquet --format=guilibra_rl --to=guilibra_rl \\
-        --output=rl_small_groups.parquet --row_group_mb=32
+        --output=rl_small_groups.parquet --row_group_mb=8
 
 --format: guilibra_sft | guilibra_rl | uni_gui | native (the input's format).
 --to: native (default) | guilibra_sft | guilibra_rl (the output's format).

@@ -18,6 +18,7 @@ from guilibra_jax import actions as A
 from guilibra_jax.data import images as I
 from guilibra_jax.data import prompts as P
 from guilibra_jax.data.native import StepRecord
+from guilibra_jax.data.parquet_rows import DEFAULT_ROW_GROUP_MB
 
 
 def _rel(path: str, out_dir: str) -> str:
@@ -151,9 +152,6 @@ def rl_schema():
                               ("image_height", pa.int64())])),
         ("extra_info", pa.string()),
     ])
-
-
-DEFAULT_ROW_GROUP_MB = 32
 
 
 def parquet_writer(path: str, schema):
