@@ -470,8 +470,10 @@ def _rss_comparison(res: dict, sizes: list[float], workers: list[int]) -> dict:
         b = next(r for r in hi["runs"] if r["workers"] == w)
         d = {"main_peak_ratio": round(b["main_peak_rss_mb"] / a["main_peak_rss_mb"], 3)}
         if w:
+            med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
             d["worker_peak_mb_small_large"] = [max(a["worker_peak_rss_mb"]), max(b["worker_peak_rss_mb"])]
             d["worker_peak_ratio"] = round(max(b["worker_peak_rss_mb"]) / max(a["worker_peak_rss_mb"]), 3)
+            d["worker_median_peak_ratio"] = round(med(b["worker_peak_rss_mb"]) / med(a["worker_peak_rss_mb"]), 3)
             d["within_10_percent"] = abs(d["worker_peak_ratio"] - 1) <= 0.10
         out[str(w)] = d
     return out

@@ -18,8 +18,8 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
-import os
 import logging
+import os
 import threading
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -65,6 +65,13 @@ def _abs_image(image: Any, base_dir: str) -> Any:
     return image
 
 
+def meta_of(r: StepRecord | B.Dropped) -> RecordMeta | None:
+    """The :class:`RecordMeta` of a record (None for a dropped one)."""
+    if isinstance(r, B.Dropped):
+        return None
+    return RecordMeta(r.platform, r.step, r.source, r.reasoning is not None, r.split)
+
+
 class StepSource:
     """Base: ``__len__``, ``__getitem__`` -> StepRecord | Dropped, ``meta``."""
 
@@ -78,14 +85,25 @@ class StepSource:
         return f"record {i}"
 
     def meta(self, i: int) -> RecordMeta | None:
-        r = self[i]
-        if isinstance(r, B.Dropped):
-            return None
-        return RecordMeta(r.platform, r.step, r.source, r.reasoning is not None, r.split)
+        return meta_of(self[i])
 
     def __iter__(self):
         for i in range(len(self)):
             yield self[i]
+
+
+class _LightMetaSource(StepSource):
+    """A source whose ``_convert(i, full)`` builds record ``i``; with ``full=False`` it
+    skips what metadata does not need (screenshots, image lookups)."""
+
+    def _convert(self, i: int, full: bool) -> StepRecord | B.Dropped:
+        raise NotImplementedError
+
+    def __getitem__(self, i: int) -> StepRecord | B.Dropped:
+        return self._convert(i, True)
+
+    def meta(self, i: int) -> RecordMeta | None:
+        return meta_of(self._convert(i, False))
 
 
 # --------------------------------------------------------------------------------------
@@ -233,7 +251,7 @@ def guilibra_sft_to_native(item: Mapping[str, Any], where: str, base_dir: str, *
     }
 
 
-class GuiLibraSftSource(StepSource):
+class GuiLibraSftSource(_LightMetaSource):
     """GUI-Libra SFT records: a JSON array (or JSONL) of ``{"image", "conversations"}``.
     Relative image paths resolve against ``image_root`` (default: the file's folder).
     The array is never loaded whole: an index of its elements' byte offsets is built
@@ -247,10 +265,10 @@ class GuiLibraSftSource(StepSource):
     def __len__(self) -> int:
         return len(self.items)
 
-    def _convert(self, i: int, read_image_size: bool) -> StepRecord | B.Dropped:
+    def _convert(self, i: int, full: bool) -> StepRecord | B.Dropped:
         where = self.items.where(i)
         try:
-            d = guilibra_sft_to_native(self.items.get(i), where, self.base_dir, read_image_size=read_image_size)
+            d = guilibra_sft_to_native(self.items.get(i), where, self.base_dir, read_image_size=full)
             return record_from_dict(d, where)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return B.Dropped(B.INVALID_JSON, where, str(e)[:200])
@@ -261,14 +279,6 @@ class GuiLibraSftSource(StepSource):
 
     def where(self, i: int) -> str:
         return self.items.where(i)
-
-    def __getitem__(self, i: int) -> StepRecord | B.Dropped:
-        return self._convert(i, True)
-
-    def meta(self, i: int) -> RecordMeta | None:
-        r = self._convert(i, False)
-        return None if isinstance(r, B.Dropped) else RecordMeta(
-            r.platform, r.step, r.source, r.reasoning is not None, r.split)
 
 
 # --------------------------------------------------------------------------------------
@@ -348,7 +358,7 @@ def guilibra_rl_to_native(row: Mapping[str, Any], where: str, *, with_image: boo
 _RL_COLUMNS = ("images", "system_prompt", "context", "data_source", "answer", "extra_info")
 
 
-class GuiLibraRlSource(StepSource):
+class GuiLibraRlSource(_LightMetaSource):
     """GUI-Libra RL parquet rows (``images``, ``system_prompt``, ``context``,
     ``data_source``, ``answer``, optional ``extra_info``).
 
@@ -372,23 +382,15 @@ class GuiLibraRlSource(StepSource):
     def where(self, i: int) -> str:
         return f"{self.path}[{i}]"
 
-    def _convert(self, i: int, with_image: bool) -> StepRecord | B.Dropped:
+    def _convert(self, i: int, full: bool) -> StepRecord | B.Dropped:
         where = self.where(i)
         try:
-            row = self.rows.row(i, self._columns) if with_image else self.rows.row_via_group(i, self._meta_columns)
-            return record_from_dict(guilibra_rl_to_native(row, where, with_image=with_image), where)
+            row = self.rows.row(i, self._columns) if full else self.rows.row_via_group(i, self._meta_columns)
+            return record_from_dict(guilibra_rl_to_native(row, where, with_image=full), where)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return B.Dropped(B.INVALID_JSON, where, str(e)[:200])
         except _RECORD_ERRORS as e:
             return _dropped_from_error(e, where)
-
-    def __getitem__(self, i: int) -> StepRecord | B.Dropped:
-        return self._convert(i, True)
-
-    def meta(self, i: int) -> RecordMeta | None:
-        r = self._convert(i, False)
-        return None if isinstance(r, B.Dropped) else RecordMeta(
-            r.platform, r.step, r.source, r.reasoning is not None, r.split)
 
 
 # --------------------------------------------------------------------------------------
@@ -501,6 +503,13 @@ def uni_gui_alternative(step: Mapping[str, Any], platform: str, where: str) -> d
         for key in ("coordinate", "coordinate2"):
             if key in call.arguments and not all(0 <= c <= size for c in call.arguments[key]):
                 err = f"{key} {call.arguments[key]} lies outside the 0-{size} screen"
+    boxes = None
+    if err is None:
+        try:
+            boxes = [_box(info[k] if k in info else step.get(k.replace("other_", "")), size, k, where)
+                     for k in ("other_bbox", "other_bbox2")]
+        except RecordError as e:
+            err = str(e)
     if err is not None:
         if where not in _WARNED:
             _WARNED.add(where)
@@ -508,12 +517,9 @@ def uni_gui_alternative(step: Mapping[str, Any], platform: str, where: str) -> d
         return None
     action_type, value = tool_call_to_guilibra(call)
     coord = call.arguments.get("coordinate")
-    bbox = info["other_bbox"] if "other_bbox" in info else step.get("bbox")
-    bbox2 = info["other_bbox2"] if "other_bbox2" in info else step.get("bbox2")
     return {"action_type": action_type, "action_description": action_text, "value": value,
             "point": None if coord is None else [coord[0] / size, coord[1] / size],
-            "bbox": _box(bbox, size, "other_bbox", where), "bbox2": _box(bbox2, size, "other_bbox2", where),
-            "tool_call": call.to_json_dict()}
+            "bbox": boxes[0], "bbox2": boxes[1], "tool_call": call.to_json_dict()}
 
 
 def uni_gui_step_to_native(task: Mapping[str, Any], k: int, episode_dir: str, *,
@@ -570,7 +576,7 @@ def uni_gui_step_to_native(task: Mapping[str, Any], k: int, episode_dir: str, *,
     }
 
 
-class UniGuiSource(StepSource):
+class UniGuiSource(_LightMetaSource):
     """Uni-GUI episode folders (``task.json`` + screenshots) under ``root`` (a folder
     of episodes, nested folders, or one episode). Steps with ``is_delete`` or (unless
     ``include_unused``) ``is_use`` false, and deleted episodes, yield no record but stay
@@ -644,27 +650,20 @@ class UniGuiSource(StepSource):
         path, k = self.item(i)
         return f"{path}:step{k + 1}"
 
-    def _native(self, i: int, resolve_image: bool) -> StepRecord | B.Dropped:
+    def _convert(self, i: int, full: bool) -> StepRecord | B.Dropped:
         path, k = self.item(i)
         where = self.where(i)
         try:
             task = self._task(path)
             if k < 0:
                 raise RecordError(f"{path}: missing field 'data'")
-            d = uni_gui_step_to_native(task, k, os.path.dirname(path), resolve_image=resolve_image)
+            d = uni_gui_step_to_native(task, k, os.path.dirname(path), resolve_image=full)
             return record_from_dict(d, where)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return B.Dropped(B.INVALID_JSON, where, str(e)[:200])
         except (_RECORD_ERRORS + (OSError,)) as e:
             return _dropped_from_error(e, where)
 
-    def __getitem__(self, i: int) -> StepRecord | B.Dropped:
-        return self._native(i, True)
-
-    def meta(self, i: int) -> RecordMeta | None:
-        r = self._native(i, False)
-        return None if isinstance(r, B.Dropped) else RecordMeta(
-            r.platform, r.step, r.source, r.reasoning is not None, r.split)
 
     def __getstate__(self):
         state = self.__dict__.copy()

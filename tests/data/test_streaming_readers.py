@@ -265,6 +265,7 @@ def test_too_large_row_groups_name_the_file_and_the_rewrite(native_dataset, tmp_
 
 def test_rl_loader_gives_the_same_batches_with_0_and_2_workers(native_dataset, tmp_path, qwen_tok, qwen25_config):
     from guilibra_jax.data import pipeline as PL
+    from test_pipeline import _same   # the batch comparison of the native 0-vs-2-workers test
     rl = _rl_file(native_dataset, tmp_path)
     cfg = dict(inputs=rl, format="guilibra_rl", batch_size=4, max_pixels=64 * 64, patch_bucket=64,
                seq_buckets=(1024, 2048), seed=5, num_epochs=1)
@@ -274,18 +275,7 @@ def test_rl_loader_gives_the_same_batches_with_0_and_2_workers(native_dataset, t
     it.close()
     assert len(got) == len(ref) == 6
     for a, b in zip(got, ref):
-        _same_batch(a, b)
-
-
-def _same_batch(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        if isinstance(a[k], dict):
-            _same_batch(a[k], b[k])
-        elif isinstance(a[k], np.ndarray):
-            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
-        elif k != "dropped":
-            assert a[k] == b[k], k
+        _same(a, b)
 
 
 # --------------------------------------------------------------------------------------
@@ -409,11 +399,16 @@ def test_other_label_travels_through_native_jsonl_and_the_rl_loader(uni_gui_dir,
     assert RW.mopd_reward(_tool("computer_use", action="double_click", coordinate=[20, 500]), target) == 1.0
 
 
-def test_bad_other_label_keeps_the_record_and_warns(uni_gui_dir, tmp_path, caplog):
-    root = _episode_with(uni_gui_dir, tmp_path, _DESK, 0,
-                         other_label=_tool("mobile_use", action="click", coordinate=[1, 1]))
+@pytest.mark.parametrize("fields,why", [
+    ({"other_label": _tool("mobile_use", action="click", coordinate=[1, 1])}, "mobile_use"),
+    ({"other_label": _tool("computer_use", action="left_click", coordinate=[5, 5]), "other_bbox": [1, 2, 3]},
+     "other_bbox"),
+])
+def test_bad_other_label_keeps_the_record_and_warns(uni_gui_dir, tmp_path, caplog, fields, why):
+    root = _episode_with(uni_gui_dir, tmp_path, _DESK, 0, **fields)
     rec = _target_of_step(root, 0)
-    assert rec.alternatives == () and "other_label left out" in caplog.text and "mobile_use" in caplog.text
+    assert rec.alternatives == () and rec.target.action_type == "Click"
+    assert "other_label left out" in caplog.text and why in caplog.text
 
 
 def test_uni_gui_source_index_is_two_small_arrays(uni_gui_dir):
