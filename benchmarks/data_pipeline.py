@@ -244,7 +244,7 @@ def child_run(spec: dict) -> dict:
         batches += 1
         if batches >= spec["batches"]:
             break
-    end = time.perf_counter()
+    end, c_end = time.perf_counter(), time.process_time()
     mon.stop()
     it.close()
     steady = (n - first_n) / (end - first) if batches > 1 else None
@@ -252,6 +252,8 @@ def child_run(spec: dict) -> dict:
     return {"workers": spec["workers"], "reader": spec.get("reader", "indexed"), "samples": n, "batches": batches,
             "open_s": round(t_open - t0, 2), "open_cpu_s": round(c_open - c0, 2), "first_batch_s": round(first - t0, 2),
             "samples_per_s": round(n / (end - t0), 2),
+            # 0 workers: the whole pipeline's CPU time per sample (all threads; little affected by load)
+            "cpu_ms_per_sample": round((c_end - c_open) / max(n, 1) * 1e3, 1) if not spec["workers"] else None,
             "steady_samples_per_s": None if steady is None else round(steady, 2),
             "main_rss_before_mb": mb(base_kb), "main_rss_after_open_mb": mb(open_kb),
             "main_peak_rss_mb": mb(_status_kb(os.getpid(), "VmHWM")),
@@ -489,7 +491,7 @@ def compare_legacy(args) -> dict:
     out = {"settings": {"rows": args.legacy_rows, "batches": args.batches, "batch_size": args.batch_size,
                         "workers": workers}, "load_at_start": load_info(), "formats": {}}
     try:
-        for fmt in ("guilibra_rl", "guilibra_sft"):
+        for fmt in [f for f in ("guilibra_rl", "guilibra_sft") if f in args.formats.split(",")]:
             path = G.generate(fmt, os.path.join(workdir, fmt), args.legacy_rows, pool, link_images=True)
             _spawn("index", {"format": fmt, "path": path}, env)     # warm the index cache
             reader_only = _spawn("reader_only", {"format": fmt, "path": path, "reps": 3}, env)
@@ -543,7 +545,9 @@ def run(path, tok, model_config, workers: int, batch_size: int, max_pixels: int 
     it.close()
     steady = (n - batch_size) / (end - first) if batches > 1 else float("nan")
     return {"workers": workers, "samples": n, "batches": batches, "seconds": round(end - t0, 2),
-            "samples_per_s": round(n / (end - t0), 2), "steady_samples_per_s": round(steady, 2),
+            "samples_per_s": round(n / (end - t0), 2),
+            # 0 workers: the whole pipeline's CPU time per sample (all threads; little affected by load)
+            "cpu_ms_per_sample": round((c_end - c_open) / max(n, 1) * 1e3, 1) if not spec["workers"] else None, "steady_samples_per_s": round(steady, 2),
             "first_batch_s": round(first - t0, 2)}
 
 

@@ -119,11 +119,11 @@ class ParquetRows:
     def _parquet_file(self):
         if self._pf is None:
             import pyarrow.parquet as pq
-            if self.open_file is not None:
-                self._file = self.open_file(self.path)
-                self._pf = pq.ParquetFile(self._file)
-            else:
-                self._pf = pq.ParquetFile(self.path)
+            # One coalesced read per column chunk (no pre-buffering) and no decoding threads:
+            # ~15% less CPU per row group of screenshots (grain already reads in threads).
+            source = self.open_file(self.path) if self.open_file is not None else self.path
+            self._file = source if self.open_file is not None else None
+            self._pf = pq.ParquetFile(source, pre_buffer=False)
         return self._pf
 
     def _cached(self, key: tuple, g: int, make):
@@ -140,7 +140,7 @@ class ParquetRows:
         last group read per column set is kept."""
         cols = None if columns is None else list(columns)
         return self._cached(("table",) + tuple(cols or ("*",)), g,
-                            lambda: self._parquet_file().read_row_group(g, columns=cols))
+                            lambda: self._parquet_file().read_row_group(g, columns=cols, use_threads=False))
 
     def row(self, i: int, columns: Sequence[str] | None = None) -> dict[str, Any]:
         """Row ``i`` (only ``columns``) as a dict of Python values."""
@@ -154,7 +154,7 @@ class ParquetRows:
         g = self.group_of(i)
         cols = list(columns)
         rows = self._cached(("pylist",) + tuple(cols), g,
-                            lambda: self._parquet_file().read_row_group(g, columns=cols).to_pylist())
+                            lambda: self._parquet_file().read_row_group(g, columns=cols, use_threads=False).to_pylist())
         return rows[i - int(self._starts[g])]
 
     def __getstate__(self):

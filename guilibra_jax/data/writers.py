@@ -154,13 +154,26 @@ def rl_schema():
     ])
 
 
+def _leaf_paths(schema) -> list[str]:
+    """Parquet column paths (``images.list.element.bytes``, ...) of an arrow schema."""
+    import io
+    import pyarrow.parquet as pq
+    buf = io.BytesIO()
+    pq.write_table(schema.empty_table(), buf)
+    pschema = pq.ParquetFile(io.BytesIO(buf.getvalue())).schema
+    return [pschema.column(i).path for i in range(len(pschema))]
+
+
 def parquet_writer(path: str, schema):
     """A pyarrow ParquetWriter for record files read by row group: no column statistics
-    (min/max of screenshots and prompts would grow the footer every reader holds) and
-    dictionary encoding only for the repetitive text columns."""
+    (min/max of screenshots and prompts would grow the footer every reader holds),
+    dictionary encoding only for the repetitive text columns, and the screenshots
+    (already compressed PNG / JPEG) stored without compression, so reading them is a copy."""
     import pyarrow.parquet as pq
     dict_cols = [n for n in ("system_prompt", "data_source") if n in schema.names]
-    return pq.ParquetWriter(path, schema, write_statistics=False, use_dictionary=dict_cols)
+    compression = {p: "NONE" if p.split(".")[0] == "images" else "SNAPPY" for p in _leaf_paths(schema)}
+    return pq.ParquetWriter(path, schema, write_statistics=False, use_dictionary=dict_cols,
+                            compression=compression)
 
 
 def native_to_guilibra_rl(records: Iterable[StepRecord], path: str, *,
