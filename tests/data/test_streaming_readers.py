@@ -230,6 +230,18 @@ def test_rl_reader_equals_the_whole_table_reader(native_dataset, tmp_path):
     assert again.rows.from_cache and not src.rows.from_cache
 
 
+def test_rl_row_group_index_is_rebuilt_when_the_file_changes(native_dataset, tmp_path):
+    rl = _rl_file(native_dataset, tmp_path, row_group_mb=0.05)
+    first = R.open_source(rl, "guilibra_rl")
+    assert not first.rows.from_cache and R.open_source(rl, "guilibra_rl").rows.from_cache
+    records = [first[i] for i in range(len(first))]
+    os.unlink(rl)                                            # same path, one row group now
+    W.native_to_guilibra_rl(records, rl, row_group_mb=1000)
+    again = R.open_source(rl, "guilibra_rl")
+    assert not again.rows.from_cache and again.rows.num_row_groups == 1 < first.rows.num_row_groups
+    assert [again[i].to_dict() for i in range(len(again))] == [r.to_dict() for r in records]
+
+
 def test_rl_source_pickles_without_its_open_file(native_dataset, tmp_path):
     from concurrent.futures import ThreadPoolExecutor
     rl = _rl_file(native_dataset, tmp_path)
