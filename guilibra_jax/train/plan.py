@@ -15,7 +15,8 @@ XLA's CPU and GPU backends fuse and schedule differently, and the CPU may comput
 f32. The trainer writes the same report for its real devices as ``memory_plan.json``.
 
 Shapes: micro-batch rows over all processes; prompts of ``max(data.seq_buckets)`` (or
-``data.max_length``) tokens with one image of ``max_pixels``; ``rl.max_new_tokens``
+``data.max_length``) tokens with one landscape image of ``max_pixels`` each (one vision
+tower slot per row, sharded over the batch devices like the rows); ``rl.max_new_tokens``
 response slots.
 """
 
@@ -33,6 +34,7 @@ from flax import nnx
 from guilibra_jax import sharding as S
 from guilibra_jax.data import images as I
 from guilibra_jax.models.vision import device_vision_inputs, prepare_vision_inputs
+from guilibra_jax.train.batching import pad_slots_to_mesh, placement
 
 GIB = 2 ** 30
 HEADROOM = 0.9   # XLA and the runtime keep some memory for themselves (e.g. the GPU allocator's reserve)
@@ -87,34 +89,40 @@ def patches_per_image(config, model_config) -> int:
     return max(mu, n // mu * mu)
 
 
+def largest_grid(config, model_config) -> tuple[int, int, int]:
+    """(t, h, w) of a landscape image of exactly :func:`patches_per_image` patches (the
+    divisor of its merged units closest to a 16:9 aspect)."""
+    m = model_config.vision.spatial_merge_size
+    units = patches_per_image(config, model_config) // (m * m)
+    rows = min((d for d in range(1, units + 1) if units % d == 0), key=lambda d: abs(d - math.sqrt(units * 9 / 16)))
+    return 1, rows * m, units // rows * m
+
+
 def batch_struct(mesh, host: dict, micro_axis: bool) -> dict:
     """Abstract global batch of host-shaped arrays placed like ``batching.put_batch``:
-    rows over (data, fsdp), images and vision metadata replicated."""
-    batch_dim = 1 if micro_axis else 0
+    rows and vision slots over (data, fsdp), pixels and per-token vision entries replicated."""
+    host = pad_slots_to_mesh(host, mesh, micro_axis)
 
     def one(path, x):
-        name = str(getattr(path[0], "key", path[0]))
         x = np.asarray(x)
-        if name in ("pixel_values", "vision") or x.ndim <= batch_dim:
-            sh = S.replicated(mesh)
-        else:
-            sh = S.batch_sharding(mesh, x.ndim, batch_dim + (1 if name == "positions" else 0))
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placement(path, x.ndim, mesh, micro_axis))
 
     return jax.tree_util.tree_map_with_path(one, host)
 
 
 def image_inputs(config, model_config, rows: int, processes: int = 1) -> tuple[np.ndarray, dict]:
     """Host-shaped (zeros) pixel_values [P, D] and vision arrays for ``rows`` images of the
-    largest size, padded as the trainer pads (per process, then joined)."""
+    largest size, laid out as the trainer lays them out (per process, then joined)."""
     vc = model_config.vision
-    per = patches_per_image(config, model_config)
+    grid = largest_grid(config, model_config)
+    per = grid[1] * grid[2]
     bucket = config.data.patch_bucket
-    local = -(-(rows // processes) * per // bucket) * bucket
+    local_rows = max(1, rows // processes)
+    local = -(-local_rows * per // bucket) * bucket
     total = max(local, bucket) * processes
-    m = vc.spatial_merge_size
-    vision = device_vision_inputs(prepare_vision_inputs(np.array([[1, m, total // m]]), model_config,
-                                                        num_patches=total))
+    images = local_rows * processes
+    vision = device_vision_inputs(prepare_vision_inputs(np.array([grid] * images), model_config, num_patches=total,
+                                                        num_slots=images, slot_bucket=bucket))
     dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size * vc.patch_size
     return np.zeros((total, dim), np.float32), vision
 

@@ -145,8 +145,14 @@ def setup(config, mesh, tokenizer, *, materialize: bool = True) -> tuple[Stage2,
     dp = int(np.prod([mesh.shape[a] for a in S.BATCH_AXES]))
     s2 = Stage2(config, mesh, graphdef, model_config, tokenizer, sampling, frozen, update_fn, pad_id, stop, banned,
                 row_multiple=max(1, dp // jax.process_count()),
-                think_opened=data_source.think_opened(config, tokenizer) if tokenizer is not None else False)
+                think_opened=_think_opened(config, tokenizer))
     return s2, state, state_sh
+
+
+def _think_opened(config, tokenizer) -> bool:
+    """data_source.think_opened, False when planning without a tokenizer."""
+    from guilibra_jax.train import data_source
+    return tokenizer is not None and data_source.think_opened(config, tokenizer)
 
 
 def special_ids(tokenizer, model_config) -> tuple[int, tuple[int, ...]]:
@@ -179,13 +185,12 @@ def device_inputs(s: Stage2, host: dict, micro_axis: bool = False) -> dict:
 
 
 def _no_images(s: Stage2, micro_axis: bool, host: dict):
-    """Inert padding patches (as collate's dummy image): no image token takes them."""
+    """Inert padding patches and empty tower slots (as collate's batch without images)."""
     vc = s.model_config.vision
-    m = vc.spatial_merge_size
     n = s.patch_bucket
     dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size * vc.patch_size
     pv = np.zeros((n, dim), np.float32)
-    vision = prepare_vision_inputs(np.array([[1, m, n // m]]), s.model_config, num_patches=n)
+    vision = prepare_vision_inputs(np.zeros((0, 3), np.int64), s.model_config, num_patches=n)
     if micro_axis:
         k = len(next(iter(host.values())))
         return np.stack([pv] * k), {key: np.stack([v] * k) for key, v in vision.items()}

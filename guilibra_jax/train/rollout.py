@@ -140,7 +140,7 @@ def concat(parts: Sequence[Rollout]) -> Rollout:
 def vision_arrays(grids: Sequence, pixels: Sequence, model_config: Any, patch_bucket: int, patch_dim: int
                   ) -> tuple[np.ndarray | None, dict | None]:
     """(pixel_values [P, D], host vision dict) of the rows' images in row order, P a
-    multiple of ``patch_bucket``; (None, None) without images."""
+    multiple of ``patch_bucket``, one tower slot per row (or frame); (None, None) without images."""
     used = [(g, p) for g, p in zip(grids, pixels) if g is not None]
     if not used:
         return None, None
@@ -148,7 +148,9 @@ def vision_arrays(grids: Sequence, pixels: Sequence, model_config: Any, patch_bu
     P = round_up(real, patch_bucket)
     pv = np.zeros((P, patch_dim), np.float32)
     pv[:real] = np.concatenate([p for _, p in used])
-    return pv, prepare_vision_inputs(np.stack([g for g, _ in used]), model_config, num_patches=P)
+    g = np.asarray([g for g, _ in used]).reshape(-1, 3)
+    return pv, prepare_vision_inputs(g, model_config, num_patches=P, num_slots=max(len(grids), int(g[:, 0].sum())),
+                                     slot_bucket=patch_bucket)
 
 
 def prompt_inputs(ro: Rollout, model_config: Any, patch_bucket: int) -> dict:
