@@ -5,7 +5,12 @@ JSONL, each a random-access source of native :class:`StepRecord` s.
 reason and ``file:index``. Sources are thread-safe and picklable (files are opened
 lazily per process and dropped on pickling). ``source.meta(i)`` gives the light
 fields mixing and rebalancing need (platform, step, source, has reasoning) without
-decoding images.
+reading images.
+
+Memory does not grow with the data: every format is read record by record through
+an index (byte offsets of JSONL lines or JSON array elements, parquet row groups,
+Uni-GUI (episode, step) pairs); no reader loads a whole file or table, and
+screenshots are read only when a sample is built.
 """
 
 from __future__ import annotations
@@ -13,16 +18,23 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
+import logging
 import os
 import threading
 from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
 
 from guilibra_jax import actions as A
 from guilibra_jax.data import bad_records as B
 from guilibra_jax.data import images as I
 from guilibra_jax.data import prompts as P
+from guilibra_jax.data.json_array import JsonArrayIndex
 from guilibra_jax.data.jsonl import JsonlIndex
+from guilibra_jax.data.parquet_rows import DEFAULT_MAX_ROW_GROUP_MB, ParquetRows
 from guilibra_jax.data.native import RecordError, StepRecord, record_from_dict
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("native", "guilibra_sft", "guilibra_rl", "uni_gui")
 
@@ -53,6 +65,13 @@ def _abs_image(image: Any, base_dir: str) -> Any:
     return image
 
 
+def meta_of(r: StepRecord | B.Dropped) -> RecordMeta | None:
+    """The :class:`RecordMeta` of a record (None for a dropped one)."""
+    if isinstance(r, B.Dropped):
+        return None
+    return RecordMeta(r.platform, r.step, r.source, r.reasoning is not None, r.split)
+
+
 class StepSource:
     """Base: ``__len__``, ``__getitem__`` -> StepRecord | Dropped, ``meta``."""
 
@@ -66,14 +85,25 @@ class StepSource:
         return f"record {i}"
 
     def meta(self, i: int) -> RecordMeta | None:
-        r = self[i]
-        if isinstance(r, B.Dropped):
-            return None
-        return RecordMeta(r.platform, r.step, r.source, r.reasoning is not None, r.split)
+        return meta_of(self[i])
 
     def __iter__(self):
         for i in range(len(self)):
             yield self[i]
+
+
+class _LightMetaSource(StepSource):
+    """A source whose ``_convert(i, full)`` builds record ``i``; with ``full=False`` it
+    skips what metadata does not need (screenshots, image lookups)."""
+
+    def _convert(self, i: int, full: bool) -> StepRecord | B.Dropped:
+        raise NotImplementedError
+
+    def __getitem__(self, i: int) -> StepRecord | B.Dropped:
+        return self._convert(i, True)
+
+    def meta(self, i: int) -> RecordMeta | None:
+        return meta_of(self._convert(i, False))
 
 
 # --------------------------------------------------------------------------------------
@@ -119,50 +149,28 @@ class NativeJsonlSource(StepSource):
 # GUI-Libra SFT (LLaVA / AGUVIS style JSON)
 # --------------------------------------------------------------------------------------
 
-class _LazyItems:
-    """Items of a JSON array file or a JSONL file, loaded on first use per process."""
+class _SftItems:
+    """Items of a JSON array file (byte offsets of its elements, ``json_array``) or a
+    JSONL file (byte offsets of its lines): each item is read and parsed on demand."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, cache_dir: str | None = None):
         self.path = os.path.abspath(path)
         self.is_jsonl = self.path.endswith(".jsonl")
-        self._items: list[Any] | None = None
         self._jsonl: JsonlIndex | None = JsonlIndex(self.path) if self.is_jsonl else None
-        self._lock = threading.Lock()
-        self._n = len(self._jsonl) if self.is_jsonl else len(self._load())
-
-    def _load(self) -> list[Any]:
-        if self._items is None:
-            with self._lock:
-                if self._items is None:
-                    with open(self.path, encoding="utf-8") as f:
-                        items = json.load(f)
-                    if not isinstance(items, list):
-                        raise ValueError(f"{self.path}: expected a JSON array of records")
-                    self._items = items
-        return self._items
+        self._array: JsonArrayIndex | None = None if self.is_jsonl else JsonArrayIndex(self.path, cache_dir)
 
     def __len__(self) -> int:
-        return self._n
+        return len(self._jsonl if self._jsonl is not None else self._array)
 
     def get(self, i: int) -> Any:
         if self._jsonl is not None:
             return json.loads(self._jsonl.read(i))
-        return self._load()[i]
+        return json.loads(self._array.read(i))
 
     def where(self, i: int) -> str:
         if self._jsonl is not None:
             return f"{self.path}:{self._jsonl.line_number(i)}"
         return f"{self.path}[{i}]"
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_items"] = None
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
 
 def _turn(conversations: Sequence[Mapping[str, Any]], role: str) -> str | None:
@@ -243,21 +251,24 @@ def guilibra_sft_to_native(item: Mapping[str, Any], where: str, base_dir: str, *
     }
 
 
-class GuiLibraSftSource(StepSource):
+class GuiLibraSftSource(_LightMetaSource):
     """GUI-Libra SFT records: a JSON array (or JSONL) of ``{"image", "conversations"}``.
-    Relative image paths resolve against ``image_root`` (default: the file's folder)."""
+    Relative image paths resolve against ``image_root`` (default: the file's folder).
+    The array is never loaded whole: an index of its elements' byte offsets is built
+    once (cached in ``index_cache``, see :mod:`index_cache`) and each record is read
+    on demand."""
 
-    def __init__(self, path: str, image_root: str | None = None):
-        self.items = _LazyItems(path)
+    def __init__(self, path: str, image_root: str | None = None, *, index_cache: str | None = None):
+        self.items = _SftItems(path, index_cache)
         self.base_dir = os.path.abspath(image_root) if image_root else os.path.dirname(self.items.path)
 
     def __len__(self) -> int:
         return len(self.items)
 
-    def _convert(self, i: int, read_image_size: bool) -> StepRecord | B.Dropped:
+    def _convert(self, i: int, full: bool) -> StepRecord | B.Dropped:
         where = self.items.where(i)
         try:
-            d = guilibra_sft_to_native(self.items.get(i), where, self.base_dir, read_image_size=read_image_size)
+            d = guilibra_sft_to_native(self.items.get(i), where, self.base_dir, read_image_size=full)
             return record_from_dict(d, where)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return B.Dropped(B.INVALID_JSON, where, str(e)[:200])
@@ -268,14 +279,6 @@ class GuiLibraSftSource(StepSource):
 
     def where(self, i: int) -> str:
         return self.items.where(i)
-
-    def __getitem__(self, i: int) -> StepRecord | B.Dropped:
-        return self._convert(i, True)
-
-    def meta(self, i: int) -> RecordMeta | None:
-        r = self._convert(i, False)
-        return None if isinstance(r, B.Dropped) else RecordMeta(
-            r.platform, r.step, r.source, r.reasoning is not None, r.split)
 
 
 # --------------------------------------------------------------------------------------
@@ -305,9 +308,11 @@ def _valid_geom(v: Any, n: int) -> list[float] | None:
     return [float(c) for c in v]
 
 
-def guilibra_rl_to_native(row: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """Native record dict of one GUI-Libra RL parquet row (raises on bad data)."""
-    for k in ("images", "answer"):
+def guilibra_rl_to_native(row: Mapping[str, Any], where: str, *, with_image: bool = True) -> dict[str, Any]:
+    """Native record dict of one GUI-Libra RL parquet row (raises on bad data).
+    ``with_image=False``: the row has no ``images`` column (read for its metadata
+    only); the record's image is then empty bytes."""
+    for k in ("images", "answer") if with_image else ("answer",):
         if row.get(k) is None:
             raise RecordError(f"{where}: missing field {k!r}")
     ans = row["answer"]
@@ -344,56 +349,49 @@ def guilibra_rl_to_native(row: Mapping[str, Any], where: str) -> dict[str, Any]:
         "trajectory_id": native.get("trajectory_id", where), "step": int(native.get("step", len(history))),
         "platform": native.get("platform", P.platform_from_guilibra_system(row.get("system_prompt") or "")),
         "instruction": instruction, "history": history,
-        "image": {"bytes": _first_image_bytes(row["images"])}, "image_size": [int(w), int(h)],
+        "image": {"bytes": _first_image_bytes(row["images"]) if with_image else b""}, "image_size": [int(w), int(h)],
         "target": target, "reasoning": native.get("reasoning"), "alternatives": native.get("alternatives", []),
         "source": str(row.get("data_source") or ""), "split": native.get("split", "train"),
         **({"thought": native["thought"]} if "thought" in native else {}),
     }
 
 
-class GuiLibraRlSource(StepSource):
-    """GUI-Libra RL parquet rows (``images``, ``system_prompt``, ``context``,
-    ``data_source``, ``answer``, optional ``extra_info``)."""
+_RL_COLUMNS = ("images", "system_prompt", "context", "data_source", "answer", "extra_info")
 
-    def __init__(self, path: str):
-        import pyarrow.parquet as pq
-        self.path = os.path.abspath(path)
-        self._n = pq.ParquetFile(self.path).metadata.num_rows
-        self._table = None
-        self._lock = threading.Lock()
+
+class GuiLibraRlSource(_LightMetaSource):
+    """GUI-Libra RL parquet rows (``images``, ``system_prompt``, ``context``,
+    ``data_source``, ``answer``, optional ``extra_info``).
+
+    Rows are read one row group at a time (:class:`parquet_rows.ParquetRows`): a
+    record reads only the row group that holds it, ``meta`` reads every column but
+    ``images``, and screenshots stay encoded bytes until a sample is built. A file
+    whose row groups exceed ``max_row_group_mb`` raises ``RowGroupTooLarge`` with the
+    command that rewrites it. ``open_file``: see ``ParquetRows``."""
+
+    def __init__(self, path: str, *, max_row_group_mb: float = DEFAULT_MAX_ROW_GROUP_MB,
+                 index_cache: str | None = None, open_file=None):
+        self.rows = ParquetRows(path, max_row_group_mb=max_row_group_mb, cache_dir=index_cache,
+                                open_file=open_file)
+        self.path = self.rows.path
+        self._columns = [c for c in _RL_COLUMNS if c in self.rows.columns]
+        self._meta_columns = [c for c in self._columns if c != "images"]
 
     def __len__(self) -> int:
-        return self._n
-
-    def _row(self, i: int) -> dict[str, Any]:
-        if self._table is None:
-            import pyarrow.parquet as pq
-            with self._lock:
-                if self._table is None:
-                    self._table = pq.read_table(self.path)
-        return self._table.slice(i, 1).to_pylist()[0]
+        return len(self.rows)
 
     def where(self, i: int) -> str:
         return f"{self.path}[{i}]"
 
-    def __getitem__(self, i: int) -> StepRecord | B.Dropped:
+    def _convert(self, i: int, full: bool) -> StepRecord | B.Dropped:
         where = self.where(i)
         try:
-            return record_from_dict(guilibra_rl_to_native(self._row(i), where), where)
+            row = self.rows.row(i, self._columns) if full else self.rows.row_via_group(i, self._meta_columns)
+            return record_from_dict(guilibra_rl_to_native(row, where, with_image=full), where)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return B.Dropped(B.INVALID_JSON, where, str(e)[:200])
         except _RECORD_ERRORS as e:
             return _dropped_from_error(e, where)
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_table"] = None
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
 
 # --------------------------------------------------------------------------------------
@@ -451,17 +449,86 @@ def tool_call_to_guilibra(call: A.ToolCall) -> tuple[str, str | None]:
 
 
 def _box(v: Any, size: int, key: str, where: str) -> list[float] | None:
+    """A Uni-GUI box [[x1, y1], [x2, y2]] (tool coordinates, corners in any order, as the
+    release's ``position_in_bbox`` reads them) in unit space; None when empty."""
     if v is None or v == []:
         return None
     try:
         (x1, y1), (x2, y2) = v
+        x1, x2, y1, y2 = min(x1, x2), max(x1, x2), min(y1, y2), max(y1, y2)
     except (TypeError, ValueError):
         raise RecordError(f"{where}: field {key!r} must be [[x1, y1], [x2, y2]], got {str(v)[:60]}") from None
     return [x1 / size, y1 / size, x2 / size, y2 / size]
 
 
-def uni_gui_step_to_native(task: Mapping[str, Any], k: int, episode_dir: str) -> dict[str, Any]:
-    """Native record dict of step ``k`` (0-based) of a Uni-GUI ``task.json``."""
+_WARNED: set[str] = set()
+
+
+def _other_label_call(label: Any) -> tuple[A.ToolCall | None, str, str | None]:
+    """(tool call, action text, why not) of an ``other_label``: the release's form, a
+    ground-truth string with a ``<tool_call>{...}</tool_call>`` block, or a
+    ``{"name", "arguments"}`` object."""
+    if isinstance(label, str):
+        parsed = A.parse_tool_call_response(label)
+        if parsed.call is None:
+            return None, "", parsed.error
+        return parsed.call, parsed.action_text or "", None
+    if isinstance(label, Mapping) and isinstance(label.get("name"), str) and isinstance(label.get("arguments"), Mapping):
+        return A.ToolCall(label["name"], dict(label["arguments"])), "", None
+    return None, "", f"expected a <tool_call> string or a {{name, arguments}} object, got {str(label)[:60]}"
+
+
+def uni_gui_alternative(step: Mapping[str, Any], platform: str, where: str) -> dict[str, Any] | None:
+    """The native alternative target of a Uni-GUI step's ``other_label`` (in the step's
+    ``extra_info`` object or the step itself), or None when it has none.
+
+    As the UI-MOPD release's reward (``verl/ui_mopd/reward/gui_agent.py``, "Plan B"):
+    the alternative is scored with ``other_bbox`` / ``other_bbox2`` when the step has
+    those keys and with the main label's ``bbox`` / ``bbox2`` otherwise. An
+    ``other_label`` that does not parse as a valid tool call of the step's platform
+    earns no credit in the release; here it is left out with a warning."""
+    info = dict(step.get("extra_info") or {}) if isinstance(step.get("extra_info"), Mapping) else {}
+    for k in ("other_label", "other_bbox", "other_bbox2"):
+        if k not in info and k in step:
+            info[k] = step[k]
+    if not info.get("other_label"):
+        return None
+    call, action_text, err = _other_label_call(info["other_label"])
+    tool = A.TOOL_FOR_PLATFORM[platform]
+    if call is not None:
+        err = A.validate_tool_call(call)
+        if err is None and call.name != tool:
+            err = f"tool {call.name!r} on a {platform} episode"
+    size = A.TOOL_SCREEN_SIZE[tool]
+    if err is None:
+        for key in ("coordinate", "coordinate2"):
+            if key in call.arguments and not all(0 <= c <= size for c in call.arguments[key]):
+                err = f"{key} {call.arguments[key]} lies outside the 0-{size} screen"
+    boxes = None
+    if err is None:
+        try:
+            boxes = [_box(info[k] if k in info else step.get(k.replace("other_", "")), size, k, where)
+                     for k in ("other_bbox", "other_bbox2")]
+        except RecordError as e:
+            err = str(e)
+    if err is not None:
+        if where not in _WARNED:
+            _WARNED.add(where)
+            log.warning("%s: other_label left out (no alternative credit): %s", where, err)
+        return None
+    action_type, value = tool_call_to_guilibra(call)
+    coord = call.arguments.get("coordinate")
+    return {"action_type": action_type, "action_description": action_text, "value": value,
+            "point": None if coord is None else [coord[0] / size, coord[1] / size],
+            "bbox": boxes[0], "bbox2": boxes[1], "tool_call": call.to_json_dict()}
+
+
+def uni_gui_step_to_native(task: Mapping[str, Any], k: int, episode_dir: str, *,
+                           resolve_image: bool = True) -> dict[str, Any]:
+    """Native record dict of step ``k`` (0-based) of a Uni-GUI ``task.json``. The
+    screenshot is named, not opened (``resolve_image=False``: not even looked up, for
+    metadata). An ``other_label`` becomes the record's alternative
+    (:func:`uni_gui_alternative`)."""
     where = f"{os.path.join(episode_dir, 'task.json')}:step{k + 1}"
     steps = task["data"]
     s = steps[k]
@@ -493,26 +560,33 @@ def uni_gui_step_to_native(task: Mapping[str, Any], k: int, episode_dir: str) ->
     if not res:
         raise RecordError(f"{where}: missing field 'screen_resolution'")
     thought = s.get("raw_thought") if platform == "mobile" else None
+    image = os.path.join(episode_dir, s["screenshot"])
+    alternative = uni_gui_alternative(s, platform, where)
     return {
         "trajectory_id": str(task.get("episode_id") or os.path.basename(episode_dir)),
         "step": k, "platform": platform, "instruction": s.get("query") or task["query"],
         "history": [str(p.get("action", "")) for p in steps[:k]],
-        "image": I.resolve_image_path(os.path.join(episode_dir, s["screenshot"])), "image_size": [int(res[0]), int(res[1])],
+        "image": I.resolve_image_path(image) if resolve_image else image, "image_size": [int(res[0]), int(res[1])],
         "target": {"action_type": action_type, "action_description": str(s.get("action") or ""),
                    "value": value, "point": point, "bbox": _box(s.get("bbox"), size, "bbox", where),
                    "bbox2": _box(s.get("bbox2"), size, "bbox2", where), "tool_call": call.to_json_dict()},
-        "reasoning": s.get("thought") or None, "alternatives": [],
+        "reasoning": s.get("thought") or None, "alternatives": [] if alternative is None else [alternative],
         "source": "/".join(str(x) for x in (task.get("task"), task.get("app")) if x),
         "split": "test" if s.get("train_test") == "test" else "train",
         **({"thought": thought} if thought else {}),
     }
 
 
-class UniGuiSource(StepSource):
+class UniGuiSource(_LightMetaSource):
     """Uni-GUI episode folders (``task.json`` + screenshots) under ``root`` (a folder
     of episodes, nested folders, or one episode). Steps with ``is_delete`` or (unless
     ``include_unused``) ``is_use`` false, and deleted episodes, yield no record but stay
-    in the history of later steps; ``skipped`` counts them."""
+    in the history of later steps; ``skipped`` counts them.
+
+    The index is (episode, step) pairs in two integer arrays; an episode's
+    ``task.json`` is read again when one of its steps is requested (a few recent ones
+    are kept), and a screenshot is only named in the record: it is opened when the
+    sample is built."""
 
     def __init__(self, root: str | Sequence[str], include_unused: bool = False):
         roots = [root] if isinstance(root, str) else list(root)
@@ -523,62 +597,84 @@ class UniGuiSource(StepSource):
                 paths.append(r)
             else:
                 paths.extend(sorted(glob.glob(os.path.join(r, "**", "task.json"), recursive=True)))
-        self.items: list[tuple[str, int]] = []  # (task.json path, step index or -1 = unreadable)
+        self.episodes = paths
+        episode, step = [], []        # step -1: an unreadable task.json
         self.skipped = {"deleted_episode": 0, "deleted_step": 0, "unused_step": 0}
-        self._cache: dict[str, Any] = {}
-        for p in paths:
+        for e, p in enumerate(paths):
             try:
-                task = self._task(p)
+                task = self._read_task(p)
                 steps = task["data"]
-            except (OSError, ValueError, KeyError, TypeError):
-                self.items.append((p, -1))
+                flags = [(bool(s.get("is_delete")), s.get("is_use") is False) for s in steps]
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                episode.append(e)
+                step.append(-1)
                 continue
             if task.get("is_delete"):
                 self.skipped["deleted_episode"] += len(steps)
                 continue
-            for k, s in enumerate(steps):
-                if s.get("is_delete"):
+            for k, (deleted, unused) in enumerate(flags):
+                if deleted:
                     self.skipped["deleted_step"] += 1
-                elif not include_unused and s.get("is_use") is False:
+                elif not include_unused and unused:
                     self.skipped["unused_step"] += 1
                 else:
-                    self.items.append((p, k))
-        self._cache = {}
+                    episode.append(e)
+                    step.append(k)
+        self._episode = np.asarray(episode, np.int32)
+        self._step = np.asarray(step, np.int32)
+        self._cache: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _read_task(path: str) -> Any:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
 
     def _task(self, path: str) -> Any:
         t = self._cache.get(path)
         if t is None:
-            with open(path, encoding="utf-8") as f:
-                t = json.load(f)
-            if len(self._cache) > 64:
-                self._cache.clear()
-            self._cache[path] = t
+            t = self._read_task(path)
+            with self._lock:
+                while len(self._cache) >= 16:
+                    self._cache.pop(next(iter(self._cache)))
+                self._cache[path] = t
         return t
 
     def __len__(self) -> int:
-        return len(self.items)
+        return len(self._step)
+
+    def item(self, i: int) -> tuple[str, int]:
+        """(task.json path, 0-based step) of record ``i`` (step -1: unreadable task.json)."""
+        return self.episodes[int(self._episode[i])], int(self._step[i])
 
     def where(self, i: int) -> str:
-        path, k = self.items[i]
+        path, k = self.item(i)
         return f"{path}:step{k + 1}"
 
-    def __getitem__(self, i: int) -> StepRecord | B.Dropped:
-        path, k = self.items[i]
+    def _convert(self, i: int, full: bool) -> StepRecord | B.Dropped:
+        path, k = self.item(i)
         where = self.where(i)
         try:
             task = self._task(path)
             if k < 0:
                 raise RecordError(f"{path}: missing field 'data'")
-            return record_from_dict(uni_gui_step_to_native(task, k, os.path.dirname(path)), where)
+            d = uni_gui_step_to_native(task, k, os.path.dirname(path), resolve_image=full)
+            return record_from_dict(d, where)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return B.Dropped(B.INVALID_JSON, where, str(e)[:200])
         except (_RECORD_ERRORS + (OSError,)) as e:
             return _dropped_from_error(e, where)
 
+
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_cache"] = {}
+        del state["_lock"]
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
 
 # --------------------------------------------------------------------------------------
@@ -617,7 +713,8 @@ class ConcatSource(StepSource):
         return s.where(j)
 
 
-def _expand(paths: str | Sequence[str], exts: Iterable[str]) -> list[str]:
+def expand_paths(paths: str | Sequence[str], exts: Iterable[str]) -> list[str]:
+    """Files named by ``paths``: files, folders (their ``*ext`` files) or globs."""
     out: list[str] = []
     for p in [paths] if isinstance(paths, str) else paths:
         if any(ch in p for ch in "*?["):
@@ -632,15 +729,20 @@ def _expand(paths: str | Sequence[str], exts: Iterable[str]) -> list[str]:
 
 
 def open_source(paths: str | Sequence[str], fmt: str, *, image_root: str | None = None,
-                include_unused: bool = False) -> StepSource:
+                include_unused: bool = False, index_cache: str | None = None,
+                max_row_group_mb: float = DEFAULT_MAX_ROW_GROUP_MB) -> StepSource:
     """A random-access source of native records over ``paths`` (files, folders or globs)
-    in format ``fmt`` (one of :data:`FORMATS`)."""
+    in format ``fmt`` (one of :data:`FORMATS`). ``index_cache``: folder of the cached
+    JSON-array / parquet indexes (default: :func:`index_cache.default_cache_dir`);
+    ``max_row_group_mb``: the largest parquet row group a reader accepts."""
     if fmt == "native":
-        srcs: list[StepSource] = [NativeJsonlSource(p) for p in _expand(paths, (".jsonl",))]
+        srcs: list[StepSource] = [NativeJsonlSource(p) for p in expand_paths(paths, (".jsonl",))]
     elif fmt == "guilibra_sft":
-        srcs = [GuiLibraSftSource(p, image_root) for p in _expand(paths, (".json", ".jsonl"))]
+        srcs = [GuiLibraSftSource(p, image_root, index_cache=index_cache)
+                for p in expand_paths(paths, (".json", ".jsonl"))]
     elif fmt == "guilibra_rl":
-        srcs = [GuiLibraRlSource(p) for p in _expand(paths, (".parquet",))]
+        srcs = [GuiLibraRlSource(p, max_row_group_mb=max_row_group_mb, index_cache=index_cache)
+                for p in expand_paths(paths, (".parquet",))]
     elif fmt == "uni_gui":
         return UniGuiSource(paths, include_unused=include_unused)
     else:

