@@ -26,14 +26,14 @@ def assert_user_error(out, *needles):
 
 def test_a_mesh_that_does_not_divide_the_devices_is_named(tmp_path):
     out = run("launch.train", "--config=configs/grpo_demo.py:smoke", f"--workdir={tmp_path}",
-              "--config.mesh.fsdp=3", devices=4)
-    assert_user_error(out, "config key mesh", "'fsdp': 3")
+              "--config.mesh.tensor=3", devices=4)
+    assert_user_error(out, "config key mesh", "'tensor': 3")
 
 
 def test_a_platform_without_a_teacher_is_named(tmp_path):
     out = run("launch.train", "--config=configs/mopd_demo.py:smoke", f"--workdir={tmp_path}",
               "--config.rl.teachers={'desktop': 'random:1'}")
-    assert_user_error(out, "config key rl.teachers", "missing ['mobile']")
+    assert_user_error(out, "config key rl.teachers", "['mobile'] have none")
 
 
 def test_a_plan_that_does_not_fit_exits_1_naming_the_component():
