@@ -12,9 +12,10 @@ over the positions of ``mask`` only, and per-token ``nll`` for metrics:
   batch axis untouched, so data-parallel sharding stays as it is).
 * The front is processed in chunks of ``chunk`` positions per row, as many as the
   longest row needs (a while loop: the count is a run-time value), then the remainder in
-  halving chunk sizes down to ``min_chunk``; positions computed beyond a row's count
-  carry no weight. The work is that of ``max_b count_b`` (+ < ``min_chunk``) positions
-  per row, and at most [B, chunk, V] logits live at once, whatever T is.
+  one chunk of the smallest fitting size among a few static ones (``remainder_sizes``,
+  chosen by ``lax.switch``); positions computed beyond a row's count carry no weight.
+  The work is that of ``max_b count_b`` positions per row (the remainder rounded up by
+  less than half), and at most [B, chunk, V] logits live at once, whatever T is.
 * The gradient (softmax - one-hot, times coef) is formed inside the forward pass, chunk
   by chunk (a ``jax.custom_vjp``): no logits are kept for the backward pass and none are
   recomputed; the backward pass only scales the stored dh and dW by the cotangent.
@@ -33,14 +34,26 @@ from jax.custom_derivatives import SymbolicZero
 Array = jax.Array
 
 
-def chunk_sizes(chunk: int, min_chunk: int) -> tuple[int, ...]:
-    """The remainder ladder after the full chunks: ceil-halvings of ``chunk`` down to
-    ``min_chunk`` (a remainder below the last one is covered by one more of it)."""
-    sizes, s = [], chunk
-    while s > min_chunk:
-        s = -(-s // 2)
-        sizes.append(max(s, min_chunk))
-    return tuple(dict.fromkeys(sizes))
+def remainder_sizes(chunk: int, min_chunk: int) -> tuple[int, ...]:
+    """The chunk sizes a remainder below ``chunk`` may take, ascending: ``min_chunk``, the
+    numbers 2^k and 3 * 2^(k-1) between it and ``chunk``, and ``chunk``. A remainder r
+    takes the smallest size >= r, so fewer than r / 2 (and min_chunk) positions are
+    computed in excess, in one pass over the head."""
+    min_chunk = min(min_chunk, chunk)
+    sizes = {min_chunk, chunk}
+    k = 1
+    while k < chunk:
+        sizes.update(s for s in (k, 3 * k // 2) if min_chunk < s < chunk)
+        k *= 2
+    return tuple(sorted(sizes))
+
+
+def positions_computed(n: int, total: int, chunk: int = 128, min_chunk: int = 16) -> int:
+    """Positions per row :func:`head_nll` computes when its longest row has ``n`` mask
+    positions out of ``total`` (n rounded up by the chunking; for FLOP counts)."""
+    chunk = min(chunk, total)
+    full, rest = divmod(n, chunk)
+    return full * chunk + (min(s for s in remainder_sizes(chunk, min_chunk) if s >= rest) if rest else 0)
 
 
 def _acc(dtype):
@@ -48,61 +61,54 @@ def _acc(dtype):
     return jnp.promote_types(dtype, jnp.float32)
 
 
-def _chunk_nll(hc, w, tc):
-    """logits [B, c, V] (float32 or wider), logsumexp [B, c] and nll [B, c] of one chunk."""
-    logits = jnp.einsum("bcd,vd->bcv", hc, w, preferred_element_type=_acc(w.dtype))
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
-    return logits, lse, lse - picked
-
-
-def _run_chunks(n, total: int, chunk: int, min_chunk: int, body, carry):
-    """Apply ``body(start, size, carry)`` over positions [0, n) of a length-``total`` axis:
-    full chunks in a while loop, then the halving ladder under conds (each step covers
-    [start, start + size), possibly past n)."""
-    chunk = min(chunk, total)
-    min_chunk = min(min_chunk, chunk)
-    full = n // chunk
-    carry = jax.lax.fori_loop(0, full, lambda i, c: body(i * chunk, chunk, c), carry)
-    start, rest = full * chunk, n - full * chunk
-    sizes = chunk_sizes(chunk, min_chunk)
-    for s in sizes:
-        take = rest >= s
-        carry = jax.lax.cond(take, lambda c, s=s, st=start: body(st, s, c), lambda c: c, carry)
-        start, rest = start + jnp.where(take, s, 0), rest - jnp.where(take, s, 0)
-    last = sizes[-1] if sizes else chunk
-    return jax.lax.cond(rest > 0, lambda c: body(start, last, c), lambda c: c, carry)
-
-
 def _slice(x, start, size):
     return jax.lax.dynamic_slice_in_dim(x, start, size, axis=1)
 
 
 def _forward(h, w, targets, coef, valid, n, chunk, min_chunk, with_grad):
+    """num, nll [B, T + chunk] (and dh like h, dw [V, D] float32 when with_grad) over the
+    first n positions of the sorted, padded inputs: full chunks in a while loop, then the
+    remainder in one chunk of the smallest fitting size (lax.switch)."""
     b, t_pad, d = h.shape
-    total = t_pad - chunk  # the inputs carry `chunk` slots of padding: no slice is clamped
+    acc = _acc(w.dtype)
 
-    def body(start, size, carry):
+    def chunk_terms(start, size):
+        """One chunk's contributions, padded to `chunk` positions."""
         hc, tc, cc, vc = (_slice(x, start, size) for x in (h, targets, coef, valid))
-        logits, lse, nll = _chunk_nll(hc, w, tc)
-        nll = jnp.where(vc, nll, 0.0)
-        out = dict(carry, num=carry["num"] + jnp.sum(jnp.where(vc, cc * nll, 0.0)),
-                   nll=jax.lax.dynamic_update_slice_in_dim(carry["nll"], nll, start, axis=1))
+        logits = jnp.einsum("bcd,vd->bcv", hc, w, preferred_element_type=acc)
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        nll = jnp.where(vc, lse - jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0], 0.0)
+        pad = lambda x: jnp.pad(x, ((0, 0), (0, chunk - size)) + ((0, 0),) * (x.ndim - 2))
+        out = {"num": jnp.sum(jnp.where(vc, cc * nll, 0.0)), "nll": pad(nll)}
         if with_grad:
             vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 2)
             p = jnp.exp(logits - lse[..., None])
             g = jnp.where(vc[..., None], cc[..., None] * jnp.where(vocab == tc[..., None], p - 1.0, p), 0.0)
             g = g.astype(w.dtype)
-            dh = jnp.einsum("bcv,vd->bcd", g, w, preferred_element_type=_acc(w.dtype)).astype(h.dtype)
-            out["dh"] = jax.lax.dynamic_update_slice_in_dim(carry["dh"], dh, start, axis=1)
-            out["dw"] = carry["dw"] + jnp.einsum("bcv,bcd->vd", g, hc, preferred_element_type=_acc(w.dtype))
+            out["dh"] = pad(jnp.einsum("bcv,vd->bcd", g, w, preferred_element_type=acc).astype(h.dtype))
+            out["dw"] = jnp.einsum("bcv,bcd->vd", g, hc, preferred_element_type=acc)
         return out
 
-    acc = _acc(w.dtype)
+    def add(carry, start, terms):
+        out = {"num": carry["num"] + terms["num"],
+               "nll": jax.lax.dynamic_update_slice_in_dim(carry["nll"], terms["nll"], start, axis=1)}
+        if with_grad:
+            out["dh"] = jax.lax.dynamic_update_slice_in_dim(carry["dh"], terms["dh"], start, axis=1)
+            out["dw"] = carry["dw"] + terms["dw"]
+        return out
+
     carry = {"num": jnp.zeros((), acc), "nll": jnp.zeros((b, t_pad), acc)}
     if with_grad:
         carry.update(dh=jnp.zeros_like(h), dw=jnp.zeros(w.shape, acc))
-    return _run_chunks(n, total, chunk, min_chunk, body, carry)
+    full = n // chunk
+    carry = jax.lax.fori_loop(0, full, lambda i, c: add(c, i * chunk, chunk_terms(i * chunk, chunk)), carry)
+    start, rest = full * chunk, n - full * chunk
+    sizes = remainder_sizes(chunk, min_chunk)
+    shapes = jax.eval_shape(lambda st: chunk_terms(st, chunk), start)
+    zero = lambda _: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+    branches = [zero] + [functools.partial(lambda st, s: chunk_terms(st, s), s=s) for s in sizes]
+    which = jnp.where(rest > 0, 1 + jnp.sum(jnp.asarray(sizes) < rest), 0)
+    return add(carry, start, jax.lax.switch(which, branches, start))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
