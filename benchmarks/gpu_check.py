@@ -171,24 +171,20 @@ def step_memory(a, layers: int) -> int:
     return int(ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes + ma.temp_size_in_bytes)
 
 
-def fit_probe(a) -> tuple[int | None, int, int]:
-    """(the device's memory limit in bytes or None, step bytes at 2 and at 4 layers)."""
-    _apply_gpu_flags()
+def fit_layers(a) -> dict:
+    """The most decoder layers (<= FULL_LAYERS, or the tiny model's 4) whose step fits the device:
+    the compiled step's bytes at 2 and 4 layers, extrapolated linearly to --memory_fraction of the
+    device's memory limit (--memory_limit_gb, else what the device reports; CPUs report none)."""
     import jax
 
+    top = 4 if a.tiny else FULL_LAYERS
     limit = int(a.memory_limit_gb * 2 ** 30) if a.memory_limit_gb else None
     if limit is None:
         try:
             limit = int((jax.devices()[0].memory_stats() or {}).get("bytes_limit", 0)) or None
-        except Exception:  # noqa: BLE001 - CPUs report no limit
+        except Exception:  # noqa: BLE001 - CPUs keep no memory statistics
             limit = None
-    return limit, step_memory(a, 2), step_memory(a, 4)
-
-
-def fit_layers(a) -> dict:
-    """The most decoder layers (<= FULL_LAYERS, or the tiny model's 4) whose step fits the device."""
-    top = 4 if a.tiny else FULL_LAYERS
-    limit, m2, m4 = in_process(fit_probe, a)
+    m2, m4 = step_memory(a, 2), step_memory(a, 4)
     per_layer, fixed = (m4 - m2) / 2, m2 - (m4 - m2)
     if limit is None:
         return {"layers": top, "memory_limit_bytes": None, "bytes_at_2_layers": m2, "bytes_at_4_layers": m4}
@@ -199,10 +195,13 @@ def fit_layers(a) -> dict:
             "bytes_predicted": fixed + per_layer * layers}
 
 
-def step_phase(a, layers: int) -> dict:
+def step_phase(a) -> dict:
+    """The layer fit (unless --layers), then the ASFT step at that depth."""
     _apply_gpu_flags()
     from benchmarks.step import JaxSide, batch_stats, flops, host_batch
 
+    fit = {"layers": a.layers} if a.layers else fit_layers(a)
+    layers = fit["layers"]
     cfg = model_config(a.tiny, layers)
     args = _step_args(a, layers)
     raw = host_batch(cfg, args)
@@ -218,7 +217,8 @@ def step_phase(a, layers: int) -> dict:
     fl = flops(summ["params"], cfg, stats)
     step_s = float(np.median(times))
     nominal = C.nominal_peak(summ["machine"]["device_kind"])
-    out = {"model": f"{'tiny' if a.tiny else 'qwen2_5_vl_7b'} widths, {layers} decoder layers", "layers": layers,
+    out = {"model": f"{'tiny' if a.tiny else 'qwen2_5_vl_7b'} widths, {layers} decoder layers", "fit": fit,
+           "layers": layers,
            "batch": stats, "image": a.image, "dtype": "bfloat16 compute, float32 params", "remat": args.remat,
            "scan_layers": True, "params": summ["params"], "compile_s": summ["compile_s"],
            "first_step_s": round(first[0], 3), "step_s": round(step_s, 4), "step_times_s": [round(t, 4) for t in times],
@@ -246,7 +246,7 @@ def sampler_phase(a) -> dict:
 
     nnx.use_eager_sharding(False)
     cfg = model_config(a.tiny, 2 if a.tiny else FULL_LAYERS)
-    mesh = S.make_mesh([1, 1, 1])
+    mesh = S.make_mesh([1, 1, 1], jax.devices()[:1])
     dt = jnp.bfloat16
     graphdef, params = SB.init_params(cfg, dt, dt, mesh)
     prompts = SB.make_prompts(cfg, a.states, a.group, a.prompt_len, tuple(int(x) for x in a.image_hw.split(",")))
@@ -335,10 +335,8 @@ def main(argv=None) -> dict:
         result["parity"] = in_process(parity_phase, a)
         print(f"[gpu_check] parity: {json.dumps(result['parity'])}", flush=True)
     if "asft_step" in a.phases:
-        fit = {"layers": a.layers} if a.layers else fit_layers(a)
-        result["asft_fit"] = fit
-        result["asft_step"] = in_process(step_phase, a, fit["layers"])
-        print(f"[gpu_check] asft_step: {fit['layers']} layers, {result['asft_step']['tokens_per_s']} tokens/s, "
+        result["asft_step"] = in_process(step_phase, a)
+        print(f"[gpu_check] asft_step: {result['asft_step']['layers']} layers, {result['asft_step']['tokens_per_s']} tokens/s, "
               f"MFU {result['asft_step'].get('mfu')}", flush=True)
     if "sampler" in a.phases:
         result["sampler"] = in_process(sampler_phase, a)

@@ -138,7 +138,9 @@ class JaxSide:
 
         nnx.use_eager_sharding(False)
         self.args, self.config, self.raw = args, config, raw
-        self.mesh = S.make_mesh([int(s) for s in args.mesh.split(",")])
+        sizes = [int(s) for s in args.mesh.split(",")]
+        # a mesh without -1 takes the first devices it needs (e.g. one GPU of eight)
+        self.mesh = S.make_mesh(sizes, None if -1 in sizes else jax.devices()[:int(np.prod(sizes))])
         cdtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
 
         def build():
