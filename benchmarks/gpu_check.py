@@ -298,7 +298,7 @@ def parse_args(argv=None):
     p.add_argument("--seq", type=int, default=None, help="ASFT tokens per row (default 4096; tiny 128)")
     p.add_argument("--image", type=int, default=None, help="ASFT image side in px (default 672; tiny 56)")
     p.add_argument("--loss_fraction", type=float, default=1 / 3)
-    p.add_argument("--logits_chunk", type=int, default=None, help="default 1024 (tiny 16)")
+    p.add_argument("--logits_chunk", type=int, default=None, help="default 512 (tiny 16)")
     p.add_argument("--steps", type=int, default=None, help="timed ASFT steps (default 5; tiny 2)")
     p.add_argument("--layers", type=int, default=0, help="decoder layers of the ASFT model (0: as many as fit)")
     p.add_argument("--memory_fraction", type=float, default=0.85, help="of the device memory the fit may plan for")
@@ -313,7 +313,7 @@ def parse_args(argv=None):
     p.add_argument("--parity_image", type=int, default=None, help="default 224 (tiny 56)")
     C.add_result_args(p)
     a = p.parse_args(argv)
-    defaults = dict(batch=(2, 4), seq=(128, 4096), image=(56, 672), logits_chunk=(16, 1024), steps=(2, 5),
+    defaults = dict(batch=(2, 4), seq=(128, 4096), image=(56, 672), logits_chunk=(16, 512), steps=(2, 5),
                     states=(2, 8), group=(2, 8), prompt_len=(64, 1024), image_hw=("56,84", "448,672"),
                     max_new_tokens=(8, 256), iters=(1, 3), parity_seq=(64, 512), parity_image=(56, 224))
     for k, (tiny, full) in defaults.items():

@@ -157,3 +157,15 @@ def test_sft_step_never_forms_batch_by_sequence_by_vocabulary_logits():
     full = jax.jit(_full_logits_step(graphdef, tx, "sample")).lower(state, batch).compile().as_text()
     assert "f32[2,64,512]" in full  # the check can fail: the old step has them
     assert "f32[2,64,512]" not in hlo and "f32[2,8,512]" in hlo
+
+
+def test_config_rejects_a_non_positive_logits_chunk():
+    from guilibra_jax.errors import ConfigError
+    from guilibra_jax.train import config as TC
+
+    c = TC.base_config()
+    c.data.synthetic.enabled = True
+    TC.validate(c)
+    c.loss.logits_chunk = 0
+    with pytest.raises(ConfigError, match="loss.logits_chunk = 0"):
+        TC.validate(c)

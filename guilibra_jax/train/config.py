@@ -54,6 +54,7 @@ def base_config() -> mlc.ConfigDict:
                        test_fraction=0.2, tokenizer_vocab=1024),
     ))
     c.loss = mlc.ConfigDict(dict(alpha_action=2.0, alpha_grounding=4.0, normalize="sample"))
+    c.loss.logits_chunk = 128  # loss positions per row per LM-head chunk (guilibra_jax/head_loss.py)
     c.optim = mlc.ConfigDict(dict(
         lr=1e-5, warmup_steps=0, schedule="cosine", end_lr_fraction=0.0, weight_decay=0.0,
         b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0,
@@ -145,6 +146,8 @@ def validate(c: mlc.ConfigDict) -> None:
         _fail("data.max_bad_fraction", d.max_bad_fraction, "a fraction in [0, 1]")
     if c.loss.normalize not in ("sample", "token"):
         _fail("loss.normalize", c.loss.normalize, "sample or token")
+    if not isinstance(c.loss.logits_chunk, int) or c.loss.logits_chunk < 1:
+        _fail("loss.logits_chunk", c.loss.logits_chunk, "a positive integer")
     if c.optim.schedule not in ("cosine", "linear", "constant"):
         _fail("optim.schedule", c.optim.schedule, "cosine, linear or constant")
     if c.optim.lr <= 0:

@@ -139,7 +139,7 @@ def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict
 
     step_fn = make_sft_step(graphdef, tx, alpha_action=config.loss.alpha_action,
                             alpha_grounding=config.loss.alpha_grounding, normalize=config.loss.normalize,
-                            schedule=schedule)
+                            schedule=schedule, logits_chunk=config.loss.logits_chunk)
     jit_step = jax.jit(step_fn, in_shardings=(state_sh, None), out_shardings=(state_sh, None), donate_argnums=0)
 
     data = (data_factory or data_source.make_train_data)(config, tokenizer, model_config,
