@@ -158,6 +158,15 @@ def write_result(name: str, result: dict, out_dir: str | None, loaded: bool | No
     return path
 
 
+def report(tag: str, name: str, result: dict, args, load_before, machine: dict | None = None) -> dict:
+    """write_result with the benchmark's --out_dir / --loaded, then print the JSON and the path."""
+    path = write_result(name, result, args.out_dir, args.loaded, load_before, machine)
+    print(json.dumps(result))
+    if path:
+        print(f"[{tag}] wrote {path}", flush=True)
+    return result
+
+
 def add_result_args(p) -> None:
     """--out_dir and --loaded, the flags every benchmark that writes a results file takes."""
     p.add_argument("--out_dir", default=None, help="where the JSON goes (default benchmarks/results; '' = nowhere)")

@@ -343,12 +343,7 @@ def main(argv=None) -> dict:
         print(f"[gpu_check] sampler: {result['sampler']['tokens_per_s']} tokens/s", flush=True)
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     machine = result.get("asft_step", {}).pop("machine", None)
-    path = C.write_result("gpu_check-tiny" if a.tiny else "gpu_check", result, a.out_dir, a.loaded, load_before,
-                          machine)
-    print(json.dumps(result))
-    if path:
-        print(f"[gpu_check] wrote {path}", flush=True)
-    return result
+    return C.report("gpu_check", "gpu_check-tiny" if a.tiny else "gpu_check", result, a, load_before, machine)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,6 @@ import argparse
 import dataclasses
 import functools
 import itertools
-import json
 import os
 import sys
 import tempfile
@@ -329,11 +328,7 @@ def main(argv=None) -> dict:
                                                             / result[n][1], 3)})
             if args.temperature == 0:
                 row[f"{n}_agreement"] = agreement(result["jax"][0], result[n][0])
-    path = C.write_result(f"sampler-{args.model}-{args.dtype}", row, args.out_dir, args.loaded, load_before)
-    print(json.dumps(row))
-    if path:
-        print(f"[sampler] wrote {path}", flush=True)
-    return row
+    return C.report("sampler", f"sampler-{args.model}-{args.dtype}", row, args, load_before)
 
 
 if __name__ == "__main__":

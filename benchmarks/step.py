@@ -48,7 +48,6 @@ Writes benchmarks/results/step-<model>-<dtype>-<machine>.json (see --out_dir) an
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import resource
@@ -507,12 +506,7 @@ def main(argv=None) -> dict:
               "sides": res,
               "speedup": {f"jax_vs_{s}": round(res[s]["step_s"] / res["jax"]["step_s"], 3) for s in sides[1:]},
               "parity": parity(hist, args.dtype) if len(sides) > 1 else None}
-    path = C.write_result(f"step-{args.model}-{args.dtype}", result, args.out_dir, args.loaded, load_before,
-                          machine)
-    print(json.dumps(result))
-    if path:
-        print(f"[step] wrote {path}", flush=True)
-    return result
+    return C.report("step", f"step-{args.model}-{args.dtype}", result, args, load_before, machine)
 
 
 if __name__ == "__main__":
