@@ -197,8 +197,8 @@ def measure_matmul_peak(n: int | None = None, repeats: int = 3) -> float:
 
 
 # Dense bf16 FLOP/s (no sparsity) from the vendors' datasheets, matched against device_kind.
-NOMINAL_BF16_PEAK = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "B200": 2250e12, "GB200": 2500e12,
-                     "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 70e12,
+NOMINAL_BF16_PEAK = {"H200": 989e12, "H100": 989e12, "H100 PCIe": 756e12, "H800": 989e12, "B200": 2250e12, "GB200": 2500e12,
+                     "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L40": 181e12, "L4": 121e12, "A10G": 70e12,
                      "RTX 4090": 165e12, "TPU v5p": 459e12, "TPU v5 lite": 197e12, "TPU v4": 275e12,
                      "TPU v6": 918e12}
 

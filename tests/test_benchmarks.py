@@ -55,11 +55,9 @@ def test_sampler_benchmark_agrees_with_generate_and_writes_results(tmp_path):
     assert res["decode_flops"] > 0 and res["decode_bound"]
 
 
-def test_gpu_check_runs_end_to_end_with_tiny(tmp_path):
-    """benchmarks/gpu_check.sh as a user runs it, on the tiny model (CPU): parity, the layer fit
-    (against a pretend memory limit: CPUs report none), the ASFT step and the sampler."""
+def _gpu_check(tmp_path, *flags):
     proc = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu_check.sh"), "--tiny",
-                           f"--out_dir={tmp_path}", "--memory_limit_gb=0.05", "--steps=1"],
+                           f"--out_dir={tmp_path}", "--steps=1", *flags],
                           capture_output=True, text=True, timeout=1800, env={**os.environ, "PYTHON": sys.executable})
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = list(tmp_path.glob("gpu_check-tiny-*.json"))
@@ -67,10 +65,35 @@ def test_gpu_check_runs_end_to_end_with_tiny(tmp_path):
     res = json.loads(files[0].read_text())
     _provenance(res)
     assert res["parity"]["ok"], res["parity"]
+    assert res["asft_step"]["tokens_per_s"] > 0 and res["asft_step"]["model_flops"] > 0
+    assert res["sampler"]["tokens_per_s"] > 0
+    return res
+
+
+def test_gpu_check_runs_end_to_end_with_tiny(tmp_path):
+    """benchmarks/gpu_check.sh as a user runs it, on the tiny model (CPU): parity, the ASFT step
+    at a given depth and the sampler (the slow test below adds the layer fit)."""
+    res = _gpu_check(tmp_path, "--layers=2")
+    assert res["asft_step"]["fit"] == {"layers": 2} and res["asft_step"]["layers"] == 2
+
+
+@pytest.mark.slow
+def test_gpu_check_fits_the_layers_to_the_memory_limit(tmp_path):
+    """The fit: compiled step bytes at 2 and 4 layers, extrapolated to a pretend limit (CPUs report none)."""
+    res = _gpu_check(tmp_path, "--memory_limit_gb=0.05")
     fit = res["asft_step"]["fit"]
     assert fit["bytes_at_4_layers"] > fit["bytes_at_2_layers"] and 1 <= fit["layers"] <= 4
-    assert res["asft_step"]["layers"] == fit["layers"] and res["asft_step"]["tokens_per_s"] > 0
-    assert res["sampler"]["tokens_per_s"] > 0
+    assert fit["bytes_predicted"] <= 0.85 * fit["memory_limit_bytes"] or fit["layers"] == 1
+    assert res["asft_step"]["layers"] == fit["layers"]
+
+
+def test_nominal_peaks_match_device_kinds():
+    from benchmarks._common import nominal_peak
+
+    assert nominal_peak("NVIDIA H100 80GB HBM3") == 989e12
+    assert nominal_peak("NVIDIA H100 PCIe") == 756e12
+    assert nominal_peak("NVIDIA H200") == 989e12 and nominal_peak("NVIDIA A100-SXM4-80GB") == 312e12
+    assert nominal_peak("cpu") is None
 
 
 @pytest.mark.slow
