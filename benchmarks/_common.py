@@ -136,16 +136,20 @@ def is_loaded(load_before: list[float] | None, cores: int) -> bool | None:
     return None if not load_before else load_before[0] > 0.25 * cores
 
 
-def write_result(name: str, result: dict, out_dir: str | None, loaded: bool | None, load_before,
+def run_start() -> dict:
+    """What a benchmark records as it starts: the load average, the git commit, the time."""
+    return {"load_average_before": load_average(), "git": git_commit(),
+            "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def write_result(name: str, result: dict, out_dir: str | None, loaded: bool | None, start: dict,
                  machine: dict | None = None) -> str | None:
-    """Add machine (``machine_info()`` unless given), versions, git commit, time and load to
-    ``result`` and write it as ``<out_dir>/<name>-<machine slug>.json`` (out_dir "" = write
-    nothing). Returns the path."""
+    """Add machine (``machine_info()`` unless given), versions, ``start`` (run_start()), the
+    load average now and the ``loaded`` label to ``result`` and write it as
+    ``<out_dir>/<name>-<machine slug>.json`` (out_dir "" = write nothing). Returns the path."""
     machine = machine or machine_info()
-    auto = is_loaded(load_before, machine["cpu_cores"] or 1)
-    result.update({"machine": machine, "versions": versions(), "git": git_commit(),
-                   "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                   "load_average_before": load_before, "load_average_after": load_average(),
+    auto = is_loaded(start["load_average_before"], machine["cpu_cores"] or 1)
+    result.update({"machine": machine, "versions": versions(), **start, "load_average_after": load_average(),
                    "loaded": auto if loaded is None else loaded})
     if out_dir == "":
         return None
@@ -158,9 +162,9 @@ def write_result(name: str, result: dict, out_dir: str | None, loaded: bool | No
     return path
 
 
-def report(tag: str, name: str, result: dict, args, load_before, machine: dict | None = None) -> dict:
+def report(tag: str, name: str, result: dict, args, start: dict, machine: dict | None = None) -> dict:
     """write_result with the benchmark's --out_dir / --loaded, then print the JSON and the path."""
-    path = write_result(name, result, args.out_dir, args.loaded, load_before, machine)
+    path = write_result(name, result, args.out_dir, args.loaded, start, machine)
     print(json.dumps(result))
     if path:
         print(f"[{tag}] wrote {path}", flush=True)

@@ -328,7 +328,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     a = parse_args(argv)
-    load_before = C.load_average()
+    start = C.run_start()
     result = {"benchmark": "gpu_check", "tiny": a.tiny, "args": {k: v for k, v in vars(a).items()}}
     t0 = time.perf_counter()
     if "parity" in a.phases:
@@ -343,7 +343,7 @@ def main(argv=None) -> dict:
         print(f"[gpu_check] sampler: {result['sampler']['tokens_per_s']} tokens/s", flush=True)
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     machine = result.get("asft_step", {}).pop("machine", None)
-    return C.report("gpu_check", "gpu_check-tiny" if a.tiny else "gpu_check", result, a, load_before, machine)
+    return C.report("gpu_check", "gpu_check-tiny" if a.tiny else "gpu_check", result, a, start, machine)
 
 
 if __name__ == "__main__":

@@ -241,7 +241,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if args.iters < 1:
         raise SystemExit(f"--iters={args.iters}: expected at least 1 timed call per side")
-    load_before = C.load_average()
+    start = C.run_start()
 
     nnx.use_eager_sharding(False)
     cfg = model_config(args.model)
@@ -328,7 +328,7 @@ def main(argv=None) -> dict:
                                                             / result[n][1], 3)})
             if args.temperature == 0:
                 row[f"{n}_agreement"] = agreement(result["jax"][0], result[n][0])
-    return C.report("sampler", f"sampler-{args.model}-{args.dtype}", row, args, load_before)
+    return C.report("sampler", f"sampler-{args.model}-{args.dtype}", row, args, start)
 
 
 if __name__ == "__main__":

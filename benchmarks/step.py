@@ -441,7 +441,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    load_before = C.load_average()
+    start = C.run_start()
     config = C.bench_config(args.model)
     raw = host_batch(config, args)
     stats = batch_stats(raw, config, args.logits_chunk)
@@ -506,7 +506,7 @@ def main(argv=None) -> dict:
               "sides": res,
               "speedup": {f"jax_vs_{s}": round(res[s]["step_s"] / res["jax"]["step_s"], 3) for s in sides[1:]},
               "parity": parity(hist, args.dtype) if len(sides) > 1 else None}
-    return C.report("step", f"step-{args.model}-{args.dtype}", result, args, load_before, machine)
+    return C.report("step", f"step-{args.model}-{args.dtype}", result, args, start, machine)
 
 
 if __name__ == "__main__":
