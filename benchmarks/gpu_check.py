@@ -144,7 +144,7 @@ def step_memory(a, layers: int) -> int:
     from benchmarks.step import ASFT, OPTIM, host_batch
     from guilibra_jax.models import QwenVL, get_rope_index, prepare_vision_inputs
     from guilibra_jax.models.vision import device_vision_inputs
-    from guilibra_jax.train.loop import stack_micro_batches
+    from guilibra_jax.train.batching import stack_micro_batches
     from guilibra_jax.train.optimizer import make_optimizer
     from guilibra_jax.train.sft_step import make_sft_step
     from guilibra_jax.train.step_core import init_state

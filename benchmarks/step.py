@@ -172,7 +172,7 @@ class JaxSide:
         """Host batch -> device batch, as the data pipeline and trainer do it (timed)."""
         from guilibra_jax.models import get_rope_index, prepare_vision_inputs
         from guilibra_jax.models.vision import device_vision_inputs
-        from guilibra_jax.train.loop import put_batch, stack_micro_batches
+        from guilibra_jax.train.batching import put_batch, stack_micro_batches
 
         t0 = time.perf_counter()
         raw, cfg = self.raw, self.config

@@ -33,6 +33,19 @@ give the same small defaults the trainer's synthetic data uses, and ``data.seed`
 no run config: ``run_config`` names the training workdir it was exported from (or set
 the run's ``method`` / ``system_prompt`` / ``min_pixels`` / ``max_pixels`` one by one).
 
+A served model (``vllm serve runs/demo/export``, SGLang, a hosted API) is the ``endpoint``
+agent (:mod:`guilibra_jax.eval.endpoint_agent`)::
+
+    python -m launch.eval --config=configs/eval_demo.py --workdir=runs/eval_served \
+        --config.agents='("endpoint",)' --config.agent_kwargs.endpoint.url=http://localhost:8000/v1 \
+        --config.agent_kwargs.endpoint.export=runs/demo/export
+
+MiniWoB++ in headless Chromium (``pip install -e .[miniwob]``, Chromium + chromedriver)::
+
+    python -m launch.eval --config=configs/eval_demo.py --workdir=runs/eval_miniwob \
+        --config.world=miniwob --config.miniwob.tasks='("click-button","enter-text")' \
+        --config.online.episodes=10 --config.agents='("expert","random_click")'
+
 Other agents join by registering a factory (``guilibra_jax.eval.agents.register_agent``)
 and listing its name in ``agents``, with its keyword arguments under
 ``agent_kwargs.<name>``.
@@ -43,6 +56,9 @@ import ml_collections as mlc
 
 def get_config(arg=None):
     c = mlc.ConfigDict()
+    c.world = "synthetic"        # synthetic | miniwob (pip install -e .[miniwob] + Chromium; online only)
+    # world=miniwob: tasks () = every task with an expert; online.episodes held-out seeds per task
+    c.miniwob = mlc.ConfigDict(dict(tasks=(), scale=1.0, max_steps=0))
     c.platforms = ("desktop", "mobile")
     c.screen_width = 0           # 0 (both): each platform's small default (128x96 / 96x128)
     c.screen_height = 0
@@ -64,6 +80,11 @@ def get_config(arg=None):
         checkpoint=dict(workdir="", hf_path="", step=-1, steps=(), run_config="", max_new_tokens=256,
                         temperature=0.0, batch_size=8, method="", system_prompt="", min_pixels=0, max_pixels=0,
                         max_length=0, dtype=""),
+        # used only when "endpoint" is in agents: an OpenAI-compatible server (vLLM serve, SGLang, hosted).
+        # export: our export folder (its run_config.json and family); else run_config / family / method / ...
+        endpoint=dict(url="", model="", api_key_env="OPENAI_API_KEY", export="", run_config="", family="",
+                      method="", system_prompt="", min_pixels=0, max_pixels=0, temperature=0.0, max_tokens=256,
+                      timeout=120.0, retries=3, backoff=1.0, concurrency=8),
     ))
     if arg == "smoke":
         c.data.n_tasks = 8

@@ -6,6 +6,8 @@ starting from the ASFT demo's export (run ``make demo`` first):
 
 The frozen reference is the starting (SFT) policy. ``:smoke`` runs a few steps of a
 random tiny policy (tests).
+
+Hardware: 1 x CPU.
 """
 
 import os
@@ -42,6 +44,7 @@ def get_config(arg=None):
         c.train.steps = 3
         c.train.checkpoint_every = 2
         c.train.eval_every = 0
+        c.train.memory_plan = False
     elif arg:
         raise ValueError(f"configs/grpo_demo.py: unknown argument {arg!r}; expected 'smoke' or none")
     return c

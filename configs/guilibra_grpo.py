@@ -1,25 +1,58 @@
-"""GUI-Libra stage 2, conservative GRPO, with the release's defaults (METHOD.md sections
-2 and 5): G = 8, temperature 1.0, top_p 0.98, lr 1e-6, clip 0.2, token-mean loss, KL
-k3 ("low_var_kl", clamped to 10) with beta 0.001 added to the loss (beta > 0: the trust
-region is the point), SNGS lambda_0 = 0.5, kappa = 1.5 on the group's mean reward,
-reward 0.9 accuracy + 0.1 format with the release's value rule, responses <= 1500 tokens.
-The frozen reference is the SFT checkpoint the policy starts from.
+"""GUI-Libra stage 2, conservative GRPO, reproducing the public release by default (EasyR1
+fork: ``examples/gui_grpo.sh`` / ``gui_grpo_qwen3.sh`` over ``examples/config.yaml``,
+``verl/trainer/core_algos.py``, ``verl/workers/actor/config.py``, reward
+``examples/reward_function/r1gui.py`` / ``r1gui_qwen3vl.py``):
+
+* 256 prompts per rollout step x G = 8 (2,048 rollouts), updated in 2 minibatches of
+  128 prompts x 8 = 1,024 rollouts, one PPO epoch; temperature 1.0, top_p 0.98;
+  responses <= 1,500 tokens, prompts <= 8,092 tokens;
+* loss: token mean, clip 0.2 / 0.2, dual clip 3.0, KL k3 ("low_var_kl", clamped to 10)
+  with beta 0.001 in the loss (beta > 0: the trust region is the point);
+* advantages ``grpo_weighted_positive_negative``: (r - mean) / (unbiased std + 1e-6), then
+  SNGS on the negative ones with lambda_0 = 0.5, kappa = 1.5 on the group's mean reward;
+* AdamW lr 1e-6 constant, no warmup, weight decay 1e-2, grad-norm clip 1.0, vision trained;
+* reward 0.9 accuracy + 0.1 format, the release's value rule (token-set F1 >= 0.5 on its
+  value types, strict box for Click / LongPress) and format rule (``<think>`` for
+  Qwen2.5-VL, ``<thinking>`` for Qwen3-VL; reasoning required unless the step is
+  grounding-only);
+* images resized into [262,144, 2,508,800] pixels;
+* 2 epochs: ``train.steps`` = 312 for the 40K-step RL subset (40,000 / 256 x 2); set it
+  from your data. The frozen reference is the SFT checkpoint the policy starts from.
+
+``:paper`` after the size gives the paper's choices where they differ: population std,
+no dual clip, the paper's value and format rules.
+
+Remaining departures from the release, and why:
+* AdamW moments in float32 (EasyR1 ``adamw_bf16`` keeps them in bfloat16): more memory,
+  no loss of precision;
+* weight decay skips biases and norm scales (``train.optimizer.decays``); EasyR1's FSDP
+  AdamW decays every parameter;
+* prompts over 8,092 tokens are dropped and counted (EasyR1 keeps what its truncation
+  setting allows);
+* the 2,048 rollouts of a step are sampled as one batch by the current loop; sampling
+  them in generation chunks is the RL loop's job (see its module doc).
 
     python -m launch.train --config=configs/guilibra_grpo.py:qwen3_vl_8b --workdir=DIR \\
         --config.model.hf_path=/ckpt/guilibra-sft-8b --config.data.train_files='/data/rl/*.parquet'
+
+Hardware: 1 x 8 H100 80GB (one host), every size; see ``python -m launch.plan``.
 """
 
 from configs.guilibra_sft import RECIPES
-from guilibra_jax.train.config import base_config
+from guilibra_jax.train.config import H100_1x8, base_config, hardware
+
+RELEASE_PIXELS = (262144, 2508800)   # examples/config.yaml min_pixels; the scripts' data.max_pixels
 
 
 def get_config(arg="qwen2_5_vl_3b"):
-    if arg not in RECIPES:
-        raise ValueError(f"configs/guilibra_grpo.py: unknown recipe {arg!r}; expected one of {sorted(RECIPES)}")
-    family, fsdp, tensor = RECIPES[arg]
+    name, _, variant = (arg or "qwen2_5_vl_3b").partition(":")
+    if name not in RECIPES or variant not in ("", "paper"):
+        raise ValueError(f"configs/guilibra_grpo.py: unknown recipe {arg!r}; expected one of {sorted(RECIPES)}, "
+                         f"optionally followed by ':paper'")
+    family, fsdp, tensor = RECIPES[name]
     c = base_config()
     c.method = "grpo"
-    c.model.name = arg
+    c.model.name = name
     c.model.tiny.family = family
     c.model.dtype = "bfloat16"
     c.model.param_dtype = "float32"
@@ -27,8 +60,10 @@ def get_config(arg="qwen2_5_vl_3b"):
     c.model.scan_layers = True
     c.data.format = "guilibra_rl"
     c.data.method = "guilibra"
-    c.data.max_length = 4096
-    c.data.batch_size = 16        # prompts per step (x G = 128 rollouts)
+    c.data.max_length = 8092      # max_prompt_length (RL: the prompt's tokens)
+    c.data.seq_buckets = (2048, 4096, 8092)
+    c.data.min_pixels, c.data.max_pixels = RELEASE_PIXELS
+    c.data.batch_size = 256       # rollout_batch_size: prompts per step (x G = 2,048 rollouts)
     c.rl.group_size = 8
     c.rl.temperature = 1.0
     c.rl.top_p = 0.98
@@ -36,18 +71,26 @@ def get_config(arg="qwen2_5_vl_3b"):
     c.rl.clip_low = c.rl.clip_high = 0.2
     c.rl.aggregation = "token_mean"
     c.rl.normalize_std = True
+    c.rl.std_unbiased = True
+    c.rl.dual_clip = 3.0
     c.rl.kl_kind, c.rl.kl_beta, c.rl.kl_clamp = "k3", 0.001, 10.0
     c.rl.sngs.enabled, c.rl.sngs.lambda0, c.rl.sngs.kappa, c.rl.sngs.signal = True, 0.5, 1.5, "mean_reward"
-    c.rl.reward.w_fmt, c.rl.reward.value_rule = 0.1, "release"
-    c.rl.ppo_epochs, c.rl.minibatches = 1, 2
+    c.rl.reward.w_fmt, c.rl.reward.value_rule, c.rl.reward.format_rule = 0.1, "release", "release"
+    c.rl.ppo_epochs, c.rl.minibatches = 1, 2   # global_batch_size 128 prompts: 2 updates per step
     c.rl.score_chunk = 1024
+    if variant == "paper":
+        c.rl.std_unbiased, c.rl.dual_clip = False, 0.0
+        c.rl.reward.value_rule, c.rl.reward.format_rule = "paper", "paper"
     c.optim.lr = 1e-6
     c.optim.schedule = "constant"
-    c.optim.weight_decay = 0.0
+    c.optim.warmup_steps = 0
+    c.optim.weight_decay = 1e-2
     c.optim.clip_norm = 1.0
+    c.hardware = hardware(*H100_1x8)
     c.mesh.fsdp = fsdp
     c.mesh.tensor = tensor
-    c.train.steps = 2500          # 40K RL states / 16 per step
+    c.train.grad_accum = 8        # 128-row micro-batches of each 1,024-rollout update
+    c.train.steps = 312           # 2 epochs of a 40K-step subset at 256 prompts per step
     c.train.log_every = 1
     c.train.checkpoint_every = 50
     return c

@@ -1,13 +1,43 @@
-"""GUI-Libra ASFT recipes with the release's hyperparameters (METHOD.md section 5):
-lr 1e-5, global batch 256, cosine, 1 epoch, vision tower trained, reasoning and
-direct-action data 1:1, alpha_a = 2, alpha_g = 4 (the paper's per-sample normalisation;
-``--config.loss.normalize=token`` gives the release's global token mean).
+"""GUI-Libra ASFT recipes reproducing the public release by default (``SFT/scripts/
+train_qwen2_5.sh`` / ``train_qwen3.sh``, ``SFT/train.py``, ``SFT/src/aguvis/``):
+
+* lr 1e-5, cosine with 1% warmup, AdamW (0.9, 0.999), weight decay 0, grad-norm clip 1.0,
+  global batch 256 (4 per GPU x 8 accumulation x 8 GPUs), 1 epoch, vision tower trained;
+* reasoning and direct-action samples 1:1 (the ``mixnoreasoning`` data configs);
+* Qwen2.5-VL (3B, 7B): ``use_action_weight=True, action_weight=2``: the release's weighting
+  (``loss.weighting="release"``: x2 inside ``<answer>``, x4 from ``"point_2d":`` on, so x8
+  on the coordinates) normalised by the token sum (``loss.normalize="token"``);
+* Qwen3-VL (4B, 8B): ``use_action_weight=False``: plain token-mean cross-entropy
+  (alpha_action = alpha_grounding = 1), coordinates in 0-1000;
+* images resized into [3,136, 5,720,064] pixels (``SFT/train.py`` DataArguments).
+
+``:paper`` after the size (e.g. ``qwen3_vl_8b:paper``) gives the paper's ASFT instead:
+alpha_a = 2, alpha_g = 4 on reasoning / action / coordinate-digit tokens, per-sample
+normalisation.
+
+Remaining departures from the release, and why:
+* normalisation: "token" divides by the weight sum of the whole global batch; the release
+  divides per device micro-batch of 4 samples and averages those (its HF Trainer loss).
+  The two agree when every micro-batch carries the same weight sum;
+* the answer JSON is ours (``actions.render_answer_json``: compact, keys in a fixed order);
+  the weight spans are found on characters, so they cover the same tokens as the release's
+  token patterns do on its pretty-printed answers (see ``data.tokenize.target_weight_flags``);
+* samples longer than ``data.max_length`` (24,576, the release's model_max_length) are
+  dropped and counted, not truncated; no GUI-Libra sample comes near it;
+* one image resize (transformers' PIL path) where the release resizes twice (qwen_vl_utils,
+  then the processor): the sizes agree, the pixel values differ by resampling noise;
+* ``train.steps`` = 636 is one epoch of GUI-Libra-81K mixed 1:1 (about 163K samples / 256);
+  set it from your data size, and ``optim.warmup_steps`` to 1% of it;
+* length-grouped sampling (``group_by_modality_length``) is replaced by length buckets.
 
     python -m launch.train --config=configs/guilibra_sft.py:qwen2_5_vl_3b --workdir=DIR \\
         --config.model.hf_path=/models/Qwen2.5-VL-3B-Instruct --config.data.train_files=...
+
+Hardware: 1 x 8 H100 80GB (one host), every size; ``python -m launch.plan --config=configs/guilibra_sft.py:ARG``
+prints the per-device memory.
 """
 
-from guilibra_jax.train.config import base_config
+from guilibra_jax.train.config import H100_1x8, base_config, hardware
 
 RECIPES = {
     # name: (family, fsdp, tensor)
@@ -16,14 +46,24 @@ RECIPES = {
     "qwen3_vl_4b": ("qwen3_vl", 8, 1),
     "qwen3_vl_8b": ("qwen3_vl", 8, 1),
 }
+STEPS = 636                       # one epoch: ~81K steps x 2 samples (1:1 mix) / 256 per step
+RELEASE_PIXELS = (3136, 5720064)  # SFT/train.py: min_pixels, max_pixels of the processor
+
+
+def parse_arg(arg):
+    """``size`` or ``size:paper`` -> (size, variant)."""
+    name, _, variant = (arg or "qwen2_5_vl_3b").partition(":")
+    if name not in RECIPES or variant not in ("", "paper"):
+        raise ValueError(f"configs/guilibra_sft.py: unknown recipe {arg!r}; expected one of {sorted(RECIPES)}, "
+                         f"optionally followed by ':paper'")
+    return name, variant or "release"
 
 
 def get_config(arg="qwen2_5_vl_3b"):
-    if arg not in RECIPES:
-        raise ValueError(f"configs/guilibra_sft.py: unknown recipe {arg!r}; expected one of {sorted(RECIPES)}")
-    family, fsdp, tensor = RECIPES[arg]
+    name, variant = parse_arg(arg)
+    family, fsdp, tensor = RECIPES[name]
     c = base_config()
-    c.model.name = arg            # real sizes; set model.hf_path to load the checkpoint's weights
+    c.model.name = name           # real sizes; set model.hf_path to load the checkpoint's weights
     c.model.dtype = "bfloat16"
     c.model.param_dtype = "float32"
     c.model.remat = "dots_with_no_batch_dims_saveable"
@@ -31,23 +71,31 @@ def get_config(arg="qwen2_5_vl_3b"):
     c.model.tiny.family = family
     c.data.method = "guilibra"
     c.data.mix = "both"
-    c.data.max_length = 8192
-    c.data.seq_buckets = (2048, 4096, 8192)
-    c.data.batch_size = 32        # per process; x grad_accum x processes = global 256 on 8 hosts
+    c.data.max_length = 24576
+    c.data.seq_buckets = (4096, 8192, 16384, 24576)
+    c.data.min_pixels, c.data.max_pixels = RELEASE_PIXELS
+    c.data.batch_size = 256       # per process: one 8-GPU host as the release; on N hosts use 256 / N
     c.data.workers = 8
-    c.loss.alpha_action = 2.0
-    c.loss.alpha_grounding = 4.0
-    c.loss.normalize = "sample"
+    c.train.grad_accum = 8        # 32-row micro-batches: 4 per GPU on 8 GPUs, as the release
+    if variant == "paper":
+        c.loss.alpha_action, c.loss.alpha_grounding = 2.0, 4.0
+        c.loss.normalize, c.loss.weighting = "sample", "paper"
+    elif family == "qwen2_5_vl":
+        c.loss.alpha_action, c.loss.alpha_grounding = 2.0, 4.0    # action_weight 2, its x2 after point_2d
+        c.loss.normalize, c.loss.weighting = "token", "release"
+    else:
+        c.loss.alpha_action, c.loss.alpha_grounding = 1.0, 1.0    # use_action_weight=False
+        c.loss.normalize, c.loss.weighting = "token", "paper"
     c.optim.lr = 1e-5
     c.optim.schedule = "cosine"
-    c.optim.warmup_steps = 20
+    c.optim.warmup_steps = 7      # warmup_ratio 0.01 of 636 steps, rounded up as transformers does
     c.optim.weight_decay = 0.0
     c.optim.clip_norm = 1.0
+    c.hardware = hardware(*H100_1x8)
     c.mesh.data = -1
     c.mesh.fsdp = fsdp
     c.mesh.tensor = tensor
-    c.train.steps = 320           # ~81K filtered steps x 2 (mix) / 256 per step / 2 ≈ one epoch
-    c.train.grad_accum = 1
+    c.train.steps = STEPS
     c.train.log_every = 10
     c.train.checkpoint_every = 100
     return c

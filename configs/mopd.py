@@ -1,23 +1,56 @@
-"""UI-MOPD stage 2 (METHOD.md sections 3 and 5): a Qwen3-VL-8B student samples G = 8
-tool-call responses per Uni-GUI instruction; each rollout's tokens are scored by the
-teacher of its platform (two Qwen3-VL-32B teachers from ``configs/mopd_teacher_sft.py``);
-K3 clamped to 10, beta 0.01, group advantages without std normalisation, clip 0.2 low /
-0.28 high, lr 1e-6, KL mask off above pass rate 0.1, advantages zeroed below 0.01,
-responses <= 512 tokens, one epoch.
+"""UI-MOPD stage 2 (METHOD.md sections 3 and 5): a Qwen3-VL-8B-Thinking student samples
+G = 8 tool-call responses per Uni-GUI instruction; each rollout's tokens are scored by the
+teacher of its platform (two Qwen3-VL-32B-Thinking teachers from
+``configs/mopd_teacher_sft.py``). Reproduces the public release by default
+(``verl/ui_mopd/runs/run_mopd.sh``, reward ``verl/ui_mopd/reward/gui_agent.py``, data
+``data/mopd/generate_mix_parquet.py``) in what this config can set:
 
-    python -m launch.train --config=configs/mopd.py --workdir=DIR \\
+* 128 groups x G = 8 = 1,024 rollouts per update, one update per step, 3,200 steps;
+  temperature 1.0, top_p 1.0, no top_k; responses <= 512 tokens, prompts <= 8,192 tokens;
+* loss: token mean, clip 0.2 low / 0.28 high, dual clip 10 (``clip_ratio_c``), K3 to the
+  platform teacher clamped to 10 with beta 0.01; advantages r - mean (no std);
+* group filtering with resampling: rounds of 384 prompts until 128 groups with a pass
+  rate in (0, 1) are kept (``rl.group_filter``), no round limit;
+* the adaptive KL mask and its pass-rate floor are OFF, as in the release script
+  (``rl.mopd.kl_mask="off"``; ``"paper"`` for the paper's mask);
+* AdamW lr 1e-6 constant, no warmup, weight decay 0, grad-norm clip 1.0;
+* reward as the release's ``gui_agent.py`` (``rl.reward.mopd_rule="release"``, tool name
+  not compared);
+* images resized into per-platform budgets: desktop [3,136, 13,107,200], mobile
+  [40,768, 548,800] pixels; prompts open ``<think>`` as the Thinking template does.
+
+Remaining departures from the release, and why:
+* the pass-rate-aware dataloader (prompts drawn by their running pass rate) is not built:
+  prompts are drawn uniformly; group filtering itself is on (``rl.group_filter``: rounds of
+  384 prompts until 128 groups whose pass rate is in (0, 1) remain);
+* truncated importance sampling between the rollout engine and the trainer
+  (``rollout_is=token``, threshold 2) has nothing to correct here: the sampler and the
+  trainer score with the same model, so the ratio is 1 up to float noise;
+* AdamW moments in float32 (the release offloads a precision-aware optimizer);
+* prompts over 8,192 tokens are dropped and counted, as ``filter_overlong_prompts``.
+
+    python -m launch.train --config=configs/mopd.py:8x8 --workdir=DIR \\
         --config.model.hf_path=/models/Qwen3-VL-8B-Thinking --config.data.train_files=/data/uni-gui \\
         --config.rl.teachers.desktop=/ckpt/teacher-desktop --config.rl.teachers.mobile=/ckpt/teacher-mobile
+
+Layouts (``:arg``): ``8x8`` (default): the paper's 64 H100 80GB (8 hosts x 8); ``1x8``: one
+host of 8 H100 80GB. ``python -m launch.plan --config=configs/mopd.py:ARG`` prints what each
+needs per device.
+
+Hardware: 8 x 8 H100 80GB (``:8x8``, the paper) or 1 x 8 H100 80GB (``:1x8``).
 """
 
 import ml_collections as mlc
 
-from guilibra_jax.train.config import base_config
+from configs.mopd_teacher_sft import PIXELS
+from guilibra_jax.train.config import H100_1x8, H100_8x8, base_config, hardware
+
+ARGS = ("8x8", "1x8")
 
 
-def get_config(arg=None):
-    if arg:
-        raise ValueError(f"configs/mopd.py takes no argument, got {arg!r}")
+def get_config(arg="8x8"):
+    if arg not in ARGS:
+        raise ValueError(f"configs/mopd.py: unknown layout {arg!r}; expected one of {ARGS}")
     c = base_config()
     c.method = "mopd"
     c.model.name = "qwen3_vl_8b"
@@ -27,24 +60,45 @@ def get_config(arg=None):
     c.model.scan_layers = True
     c.data.format = "uni_gui"
     c.data.method = "mopd"
-    c.data.max_length = 4096
-    c.data.batch_size = 16
+    c.data.open_think = "auto"    # the Thinking student's template opens <think>
+    c.data.max_length = 8192      # max_prompt_length (RL: the prompt's tokens)
+    c.data.seq_buckets = (2048, 4096, 8192)
+    c.data.pixels = dict(PIXELS)
+    c.data.batch_size = 384       # gen_batch_size: prompts sampled per generation round
+    c.rl.update_groups = 128      # train_batch_size: groups per update (x G = 1,024 rollouts)
+    c.rl.group_filter.enabled = True   # algorithm.filter_groups (pass rate 0 or 1 dropped)
+    c.rl.group_filter.max_rounds = 0   # max_num_gen_batches 0: no limit
     c.rl.group_size = 8
     c.rl.temperature = 1.0
     c.rl.top_p = 1.0
+    c.rl.top_k = 0
     c.rl.max_new_tokens = 512
     c.rl.clip_low, c.rl.clip_high = 0.2, 0.28
+    c.rl.dual_clip = 10.0
+    c.rl.aggregation = "token_mean"
     c.rl.normalize_std = False
     c.rl.kl_clamp = 10.0
-    c.rl.mopd.beta, c.rl.mopd.kl_mask_tau, c.rl.mopd.pass_floor = 0.01, 0.1, 0.01
+    c.rl.mopd.beta = 0.01
+    c.rl.mopd.kl_mask = "off"     # the release script: no adaptive KL mask, no pass-rate floor
     c.rl.sngs.enabled = False
+    c.rl.reward.mopd_rule, c.rl.reward.check_tool_name = "release", False
     c.rl.teachers = mlc.ConfigDict({"desktop": "", "mobile": ""})   # set both to teacher folders
+    c.rl.ppo_epochs, c.rl.minibatches = 1, 1                       # ppo_mini_batch_size = train_batch_size
     c.rl.score_chunk = 1024
     c.optim.lr = 1e-6
     c.optim.schedule = "constant"
-    c.mesh.fsdp = 8
-    c.mesh.tensor = 4
-    c.train.steps = 1000
+    c.optim.warmup_steps = 0
+    c.optim.weight_decay = 0.0
+    c.optim.clip_norm = 1.0
+    c.rl.teacher_model_name = "qwen3_vl_32b"   # what launch.plan assumes while rl.teachers are unset
+    if arg == "8x8":
+        c.hardware = hardware(*H100_8x8)
+        c.mesh.fsdp, c.mesh.tensor = 16, 4
+    else:
+        c.hardware = hardware(*H100_1x8)
+        c.mesh.fsdp, c.mesh.tensor = 8, 1
+    c.train.grad_accum = 8        # 128-row micro-batches of each 1,024-rollout update
+    c.train.steps = 3200
     c.train.log_every = 1
-    c.train.checkpoint_every = 50
+    c.train.checkpoint_every = 16
     return c

@@ -5,9 +5,13 @@
     student           MOPD: starts from the desktop teacher (it knows desktop conventions
                       only) and samples on both platforms; each rollout is scored by its
                       platform's teacher (K3, adaptive KL mask) next to the task reward.
+    smoke             a few MOPD steps of a tiny random student with two random teachers
+                      (random:1, random:2): no earlier run needed (tests).
 
 All three share the desktop teacher's tokenizer. ``--config.rl.teachers.*`` and
 ``--config.model.hf_path`` point elsewhere when the runs live elsewhere (``ROOT`` below).
+
+Hardware: 1 x CPU.
 """
 
 import ml_collections as mlc
@@ -15,7 +19,7 @@ import ml_collections as mlc
 from configs import demo
 
 ROOT = "runs/mopd_demo"
-ARGS = ("teacher_desktop", "teacher_mobile", "student")
+ARGS = ("teacher_desktop", "teacher_mobile", "student", "smoke")
 
 
 def get_config(arg="student"):
@@ -38,6 +42,7 @@ def get_config(arg="student"):
     c.model.hf_path = f"{ROOT}/teacher_desktop/export"
     c.tokenizer.path = f"{ROOT}/teacher_desktop/tokenizer"
     c.rl.teachers = mlc.ConfigDict({"desktop": f"{ROOT}/teacher_desktop", "mobile": f"{ROOT}/teacher_mobile"})
+    c.rl.mopd.kl_mask = "paper"
     c.data.batch_size = 4
     c.rl.group_size = 8
     c.rl.max_new_tokens = 96
@@ -54,4 +59,16 @@ def get_config(arg="student"):
     c.train.log_every = 1
     c.train.checkpoint_every = 50
     c.train.eval_every = 0
+    if arg == "smoke":   # needs no earlier run: a tiny random student and two random teachers that differ
+        c.model.hf_path = c.tokenizer.path = ""
+        c.rl.teachers = mlc.ConfigDict({"desktop": "random:1", "mobile": "random:2"})
+        c.data.synthetic.tasks = 12
+        c.data.batch_size = 4
+        c.rl.group_size = 4
+        c.rl.max_new_tokens = 16
+        c.rl.minibatches = 1
+        c.train.steps = 3
+        c.train.checkpoint_every = 2
+        c.train.progress = False
+        c.train.memory_plan = False
     return c

@@ -1,11 +1,35 @@
 """UI-MOPD stage 1: one teacher per platform, SFT'd on that platform's data only, in
-Qwen3-VL tool-call format (METHOD.md section 3). Arg: desktop | mobile.
+Qwen3-VL tool-call format (METHOD.md section 3). Arg: desktop | mobile. Reproduces the
+public release by default (``verl/ui_mopd/runs/run_sft_32B_Thinking.sh``,
+``data/sft/generate_{desktop,mobile}_sft_parquet.py``):
+
+* Qwen3-VL-32B-Thinking, plain token-mean cross-entropy on the assistant turn (alpha 1 / 1);
+  every target keeps its reasoning, rendered as the Thinking chat template renders it
+  after its ``<think>\\n`` generation prompt (``data.open_think="auto"`` reads the template);
+* lr 1e-6, cosine to 0 with 10% warmup, AdamW (0.9, 0.999), weight decay 0.01, grad-norm
+  clip 1.0, global batch 32, 1 epoch, sequences <= 16,384 tokens;
+* images resized into the data prep's per-platform budget: desktop [3,136, 13,107,200],
+  mobile [40,768, 548,800] pixels (``data.pixels``).
+
+Remaining departures from the release, and why:
+* ``train.steps`` must be set to one epoch of your data (ceil(records / 32)); 1,000 is a
+  placeholder, and ``optim.warmup_steps`` (100) should stay 10% of it: the step count is
+  not known before the data is read;
+* the run script also gives the processor min 3,136 / max 6,553,600 pixels; whether that
+  second bound re-resizes the desktop images after the data's own budget depends on the
+  transformers version the release ran, so we keep the data prep's budgets;
+* sequences over 16,384 tokens are dropped and counted (the release raises on them:
+  ``truncation=error``).
 
     python -m launch.train --config=configs/mopd_teacher_sft.py:mobile --workdir=DIR \\
         --config.model.hf_path=/models/Qwen3-VL-32B-Thinking --config.data.train_files=/data/uni-gui/mobile
+
+Hardware: 1 x 8 H100 80GB (one host, as the release).
 """
 
-from guilibra_jax.train.config import base_config
+from guilibra_jax.train.config import H100_1x8, base_config, hardware
+
+PIXELS = {"desktop": (3136, 13107200), "mobile": (40768, 548800)}   # data/sft/generate_*_sft_parquet.py
 
 
 def get_config(arg="desktop"):
@@ -20,16 +44,25 @@ def get_config(arg="desktop"):
     c.data.format = "uni_gui"
     c.data.method = "mopd"
     c.data.mix = "reasoning"      # tool-call targets keep their <think> block
-    c.data.max_length = 8192
-    c.data.seq_buckets = (4096, 8192)
-    c.data.batch_size = 16
+    c.data.open_think = "auto"    # Thinking templates open <think> in the prompt
+    c.data.max_length = 16384
+    c.data.seq_buckets = (4096, 8192, 16384)
+    c.data.pixels = dict(PIXELS)
+    c.data.batch_size = 32        # train_batch_size
     c.data.workers = 8
     c.loss.alpha_action = 1.0     # plain SFT for teachers (token-weighted CE)
     c.loss.alpha_grounding = 1.0
     c.loss.normalize = "token"
-    c.optim.lr = 1e-5
-    c.optim.warmup_steps = 20
+    c.loss.weighting = "paper"
+    c.optim.lr = 1e-6
+    c.optim.schedule = "cosine"
+    c.optim.end_lr_fraction = 0.0
+    c.optim.warmup_steps = 100    # lr_warmup_steps_ratio 0.1 of train.steps
+    c.optim.weight_decay = 0.01
+    c.optim.b1, c.optim.b2 = 0.9, 0.999
+    c.optim.clip_norm = 1.0
+    c.hardware = hardware(*H100_1x8)   # the release: 1 node x 8 GPUs
     c.mesh.fsdp = 8
-    c.mesh.tensor = 4
-    c.train.steps = 1000
+    c.mesh.tensor = 1
+    c.train.steps = 1000          # placeholder: one epoch = ceil(records / 32)
     return c

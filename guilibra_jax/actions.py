@@ -163,6 +163,19 @@ class ParsedResponse:
 
 
 _THINK_RE = re.compile(r"^\s*<(think|thinking)>(.*?)</\1>\s*", re.DOTALL)
+_OPEN_THINK_RE = re.compile(r"^\s*<(think|thinking)>")
+_CLOSE_THINK_RE = re.compile(r"</(think|thinking)>")
+
+
+def reopen_think(text: str, think_opened: bool = True) -> str:
+    """The response as the model wrote it when the prompt already opened the think block
+    (Qwen3-VL-*-Thinking chat templates end the generation prompt with ``<think>\\n``):
+    a text without an opening tag but with a closing one gets the matching opening tag
+    back. Anything else (or ``think_opened`` False) is returned unchanged."""
+    if not think_opened or _OPEN_THINK_RE.match(text):
+        return text
+    m = _CLOSE_THINK_RE.search(text)
+    return text if m is None else f"<{m.group(1)}>" + text
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _TAG_RE = re.compile(r"</?(think|thinking|answer)>")
 
@@ -227,10 +240,13 @@ def action_from_dict(d: Mapping[str, Any]) -> tuple[Action | None, str | None]:
     return action, err
 
 
-def parse_response(text: str) -> ParsedResponse:
-    """Parse a GUI-Libra model response. Never raises on a string."""
+def parse_response(text: str, *, think_opened: bool = False) -> ParsedResponse:
+    """Parse a GUI-Libra model response. Never raises on a string. ``think_opened``: the
+    prompt opened the think block, so the response may lack its opening tag
+    (:func:`reopen_think`)."""
     if not isinstance(text, str):
         raise TypeError(f"parse_response expects str, got {type(text).__name__}")
+    text = reopen_think(text, think_opened)
     reasoning = None
     rest = text
     think = _THINK_RE.match(text)
@@ -383,10 +399,13 @@ def validate_tool_call(call: ToolCall) -> str | None:
     return None
 
 
-def parse_tool_call_response(text: str) -> ParsedToolCall:
-    """Parse a UI-MOPD (Qwen3-VL tool call) response. Never raises on a string."""
+def parse_tool_call_response(text: str, *, think_opened: bool = False) -> ParsedToolCall:
+    """Parse a UI-MOPD (Qwen3-VL tool call) response. Never raises on a string.
+    ``think_opened``: the prompt opened the think block (Qwen3-VL-*-Thinking), so the
+    response may lack ``<think>`` (:func:`reopen_think`)."""
     if not isinstance(text, str):
         raise TypeError(f"parse_tool_call_response expects str, got {type(text).__name__}")
+    text = reopen_think(text, think_opened)
     reasoning = None
     rest = text
     think = _THINK_RE.match(text)

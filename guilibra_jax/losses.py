@@ -17,9 +17,13 @@ import jax.numpy as jnp
 
 Array = jax.Array
 
-# Segment ids of ASFT targets; 0 = no loss (prompt, padding).
+# Segment ids of ASFT targets; 0 = no loss (prompt, padding). Under weighting "release" they
+# also carry flags (data.tokenize): IN_ANSWER (inside <answer>) and AFTER_POINT (after
+# "point_2d":); the part is segment & PART_MASK either way.
 REASONING, ACTION, GROUNDING = 1, 2, 3
+IN_ANSWER, AFTER_POINT, PART_MASK = 4, 8, 3
 NORMALIZATIONS = ("sample", "token")
+WEIGHTINGS = ("paper", "release")
 KL_KINDS = ("k1", "k2", "k3")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 # |log ρ| is clamped to this before exp, as veRL does: ρ stays finite, and only ratios
@@ -58,23 +62,41 @@ def token_nll(logits: Array, targets: Array) -> Array:
     return jax.nn.logsumexp(x, axis=-1) - picked
 
 
-def segment_weights(segment_ids: Array, alpha_action=2.0, alpha_grounding=4.0) -> Array:
-    """Per-token ASFT weight [B, T] float32: 0 -> 0, 1 (reasoning) -> 1,
-    2 (action) -> alpha_action, 3 (grounding) -> alpha_grounding; any other id -> 0."""
+def segment_part(segment_ids: Array) -> Array:
+    """The part (0 none, 1 reasoning, 2 action, 3 grounding) of each segment id."""
+    return jnp.where(segment_ids > 0, segment_ids & PART_MASK, 0)
+
+
+def segment_weights(segment_ids: Array, alpha_action=2.0, alpha_grounding=4.0, weighting="paper") -> Array:
+    """Per-token ASFT weight [B, T] float32; 0 where segment_ids is 0.
+
+    "paper": 1 (reasoning) -> 1, 2 (action) -> alpha_action, 3 (grounding) ->
+    alpha_grounding (the paper's three token sets); any other id -> 0.
+    "release" (GUI-Libra's SFT code): 1, times alpha_action inside ``<answer>`` (flag
+    IN_ANSWER), times alpha_grounding from ``"point_2d":`` to the end (flag AFTER_POINT);
+    with 2 and 4 that is x2 on the answer JSON, x8 on the coordinates, the [-100, -100]
+    placeholder and the closing brackets, x4 on ``</answer>`` and ``<|im_end|>``, x1 on the
+    reasoning (the release's ``action_weight`` 2 and its ``action_weight * 2``).
+    """
+    _check("weighting", weighting, WEIGHTINGS)
     s = segment_ids
-    w = jnp.where(s == GROUNDING, alpha_grounding, 0.0)
-    w = jnp.where(s == ACTION, alpha_action, w)
-    return jnp.where(s == REASONING, 1.0, w).astype(jnp.float32)
+    if weighting == "release":
+        w = jnp.where((s & IN_ANSWER) > 0, alpha_action, 1.0) * jnp.where((s & AFTER_POINT) > 0, alpha_grounding, 1.0)
+        return jnp.where(s > 0, w, 0.0).astype(jnp.float32)
+    p = s
+    w = jnp.where(p == GROUNDING, alpha_grounding, 0.0)
+    w = jnp.where(p == ACTION, alpha_action, w)
+    return jnp.where(p == REASONING, 1.0, w).astype(jnp.float32)
 
 
-def _asft_parts(logits, targets, segment_ids, alpha_action, alpha_grounding, normalize):
+def _asft_parts(logits, targets, segment_ids, alpha_action, alpha_grounding, normalize, weighting="paper"):
     _check("normalize", normalize, NORMALIZATIONS)
     if logits.ndim != 3 or logits.shape[:2] != targets.shape or targets.shape != segment_ids.shape:
         raise ValueError(
             f"asft_loss: expected logits [B, T, V] and targets, segment_ids [B, T]; got "
             f"{logits.shape}, {targets.shape}, {segment_ids.shape}")
     nll = token_nll(logits, jnp.where(segment_ids > 0, targets, 0))  # [B, T]
-    w = segment_weights(segment_ids, alpha_action, alpha_grounding)  # [B, T]
+    w = segment_weights(segment_ids, alpha_action, alpha_grounding, weighting)  # [B, T]
     if normalize == "token":
         return nll, jnp.sum(w * nll), jnp.sum(w)
     num_b, den_b = jnp.sum(w * nll, axis=-1), jnp.sum(w, axis=-1)  # [B]
@@ -82,8 +104,9 @@ def _asft_parts(logits, targets, segment_ids, alpha_action, alpha_grounding, nor
 
 
 def asft_loss_terms(logits, targets, segment_ids, *, alpha_action=2.0, alpha_grounding=4.0,
-                    normalize="sample") -> tuple[Array, Array]:
-    """(numerator, denominator) of `asft_loss`; their ratio is the loss.
+                    normalize="sample", weighting="paper") -> tuple[Array, Array]:
+    """(numerator, denominator) of `asft_loss`; their ratio is the loss. ``weighting``:
+    see `segment_weights`.
 
     "token":  numerator = Σ w·nll, denominator = Σ w over the batch.
     "sample": numerator = Σ_b Σ_t w·nll / Σ_t w over samples with Σ_t w > 0,
@@ -91,18 +114,19 @@ def asft_loss_terms(logits, targets, segment_ids, *, alpha_action=2.0, alpha_gro
     Summing both over micro-batches and dividing gives the full-batch loss exactly.
     """
     _, num, den = _asft_parts(logits, targets, segment_ids, alpha_action, alpha_grounding,
-                              normalize)
+                              normalize, weighting)
     return num, den
 
 
 def asft_token_coefficients(segment_ids, *, alpha_action=2.0, alpha_grounding=4.0,
-                            normalize="sample") -> tuple[Array, Array]:
+                            normalize="sample", weighting="paper") -> tuple[Array, Array]:
     """(coef [B, T] float32, denominator []): `asft_loss_terms`' numerator is
     Σ coef · nll, for a step that forms the NLL itself (only at the loss positions:
     guilibra_jax.head_loss). "token": coef = w; "sample": coef = w / Σ_t w of its sample
-    (0 for samples without weight). The denominator is `asft_loss_terms`'."""
+    (0 for samples without weight). The denominator is `asft_loss_terms`'. ``weighting``:
+    see `segment_weights`."""
     _check("normalize", normalize, NORMALIZATIONS)
-    w = segment_weights(segment_ids, alpha_action, alpha_grounding)  # [B, T]
+    w = segment_weights(segment_ids, alpha_action, alpha_grounding, weighting)  # [B, T]
     if normalize == "token":
         return w, jnp.sum(w)
     den_b = jnp.sum(w, axis=-1, keepdims=True)  # [B, 1]
@@ -110,7 +134,7 @@ def asft_token_coefficients(segment_ids, *, alpha_action=2.0, alpha_grounding=4.
 
 
 def asft_loss(logits, targets, segment_ids, *, alpha_action=2.0, alpha_grounding=4.0,
-              normalize="sample") -> tuple[Array, dict]:
+              normalize="sample", weighting="paper") -> tuple[Array, dict]:
     """GUI-Libra's action-aware SFT loss. Returns (loss, aux).
 
     logits [B, T, V] aligned with targets [B, T]; segment_ids [B, T]: 0 no loss,
@@ -118,15 +142,19 @@ def asft_loss(logits, targets, segment_ids, *, alpha_action=2.0, alpha_grounding
     normalize="sample" (the paper): per sample Σ w·nll / Σ w, averaged over the samples
     that carry any weight; all-masked samples are left out, and a batch with none gives
     loss 0 with a zero gradient. normalize="token" (the release): Σ w·nll / Σ w over the
-    whole batch. Log-softmax runs in float32 even for bf16 logits.
+    whole batch (GUI-Libra's release normalises so, per device micro-batch).
+    weighting="paper" weighs by part as above; "release" weighs as GUI-Libra's SFT code
+    (`segment_weights`; segment ids then carry its flags). Log-softmax runs in float32
+    even for bf16 logits.
     aux: nll_{reasoning,action,grounding} (unweighted mean NLL of that part, 0 if
     absent), n_{reasoning,action,grounding} (token counts), numerator, denominator.
     """
     nll, num, den = _asft_parts(logits, targets, segment_ids, alpha_action, alpha_grounding,
-                                normalize)
+                                normalize, weighting)
     aux = {"numerator": num, "denominator": den}
+    parts = segment_part(segment_ids)
     for name, sid in (("reasoning", REASONING), ("action", ACTION), ("grounding", GROUNDING)):
-        part = segment_ids == sid
+        part = parts == sid
         n = jnp.sum(part.astype(jnp.float32))
         aux[f"nll_{name}"] = _safe_div(jnp.sum(jnp.where(part, nll, 0.0)), n)
         aux[f"n_{name}"] = n
@@ -168,15 +196,19 @@ def kl_penalty(logp: Array, ref_logp: Array, kind: str, clamp: float | None = No
     return kl
 
 
-def group_advantages(rewards: Array, *, normalize_std: bool = True, eps: float = 1e-6) -> Array:
+def group_advantages(rewards: Array, *, normalize_std: bool = True, std_unbiased: bool = False,
+                     eps: float = 1e-6) -> Array:
     """Group-relative advantages [N, G] from rewards [N, G] (G responses per prompt):
-    (r - mean_g r) / (std_g r + eps) with the population std, or r - mean_g r
-    (UI-MOPD's release). A constant group gives zeros."""
+    (r - mean_g r) / (std_g r + eps), or r - mean_g r (UI-MOPD's release). The std is the
+    population std (divides by G; the paper's formula) or, with ``std_unbiased``, the
+    sample std (divides by G - 1; ``torch.std``'s default, which GUI-Libra's EasyR1 run
+    uses). A constant group gives zeros."""
     r = _float(rewards)
     centred = r - jnp.mean(r, axis=-1, keepdims=True)
     if not normalize_std:
         return centred
-    return centred / (jnp.std(r, axis=-1, keepdims=True) + eps)
+    std = jnp.std(r, axis=-1, keepdims=True, ddof=1 if std_unbiased else 0)
+    return centred / (std + eps)
 
 
 def sngs_scale(advantages: Array, group_signal: Array, *, lambda0: float = 0.5,
@@ -225,9 +257,12 @@ def _token_mean(x, on):
     return _safe_div(jnp.sum(jnp.where(on, x, 0.0)), jnp.sum(on.astype(jnp.float32)))
 
 
-def _clipped_pg(logp, old_logp, advantages, mask, clip_low, clip_high):
+def _clipped_pg(logp, old_logp, advantages, mask, clip_low, clip_high, dual_clip=None):
     """Per-token PPO clipped surrogate -min(ρA, clip(ρ, 1-clip_low, 1+clip_high) A) [B, T],
-    with ρ [B, T], the clipped-branch indicator [B, T] and the mask as bool [B, T]."""
+    with ρ [B, T], the clipped-branch indicator [B, T] and the mask as bool [B, T].
+    dual_clip c (> 1, or None): where A < 0 the loss is further capped at -c·A (dual-clip
+    PPO, Ye et al. 2020; EasyR1's clip_ratio_dual, veRL's clip_ratio_c), so a token whose
+    ratio exceeds c has zero gradient."""
     if logp.ndim != 2 or logp.shape != old_logp.shape or logp.shape != mask.shape:
         raise ValueError(f"expected logp, old_logp, mask of one shape [B, T]; got "
                          f"{logp.shape}, {old_logp.shape}, {mask.shape}")
@@ -240,28 +275,31 @@ def _clipped_pg(logp, old_logp, advantages, mask, clip_low, clip_high):
     pg = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv)
     # Where the clipped branch is the minimum, the token's gradient is zero.
     clipped = ((adv > 0) & (ratio > 1.0 + clip_high)) | ((adv < 0) & (ratio < 1.0 - clip_low))
+    if dual_clip is not None:
+        pg = jnp.where(adv < 0, jnp.minimum(pg, -dual_clip * adv), pg)
+        clipped = clipped | ((adv < 0) & (ratio > dual_clip))
     return pg, ratio, clipped & on, on
 
 
 def _grpo_parts(logp, old_logp, ref_logp, advantages, mask, clip_low, clip_high, kl_kind,
-                kl_clamp):
-    pg, ratio, clipped, on = _clipped_pg(logp, old_logp, advantages, mask, clip_low, clip_high)
+                kl_clamp, dual_clip=None):
+    pg, ratio, clipped, on = _clipped_pg(logp, old_logp, advantages, mask, clip_low, clip_high, dual_clip)
     kl = kl_penalty(jnp.where(on, logp, 0.0), jnp.where(on, ref_logp, 0.0), kl_kind, kl_clamp)
     return pg, kl, ratio, clipped, on
 
 
 def grpo_loss_terms(logp, old_logp, ref_logp, advantages, mask, *, clip_low=0.2,
                     clip_high=0.2, kl_beta=0.001, kl_kind="k3", kl_clamp=None,
-                    aggregation="token_mean") -> tuple[Array, Array]:
+                    aggregation="token_mean", dual_clip=None) -> tuple[Array, Array]:
     """(numerator, denominator) of `grpo_loss`; sum both over micro-batches, then divide."""
     pg, kl, *_ = _grpo_parts(logp, old_logp, ref_logp, advantages, mask, clip_low, clip_high,
-                             kl_kind, kl_clamp)
+                             kl_kind, kl_clamp, dual_clip)
     return aggregate_terms(pg + kl_beta * kl, mask, aggregation)
 
 
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2,
               kl_beta=0.001, kl_kind="k3", kl_clamp=None,
-              aggregation="token_mean") -> tuple[Array, dict]:
+              aggregation="token_mean", dual_clip=None) -> tuple[Array, dict]:
     """GUI-Libra's conservative GRPO loss. Returns (loss, aux).
 
     logp, old_logp, ref_logp [B, T]: log-probs of the sampled tokens under the current,
@@ -269,12 +307,13 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, *, clip_low=0.2, clip_
     Per token pg = -min(ρA, clip(ρ, 1 - clip_low, 1 + clip_high) A), ρ = exp(logp - old_logp);
     loss = agg(pg) + kl_beta * agg(kl_penalty(logp, ref_logp, kl_kind, kl_clamp)), agg one
     of AGGREGATIONS (see `aggregate_terms`). The release (EasyR1 "low_var_kl") is k3 with
-    kl_clamp=10; see `kl_penalty` for what the k3 gradient estimates.
+    kl_clamp=10; see `kl_penalty` for what the k3 gradient estimates. dual_clip c caps the
+    loss of a negative-advantage token at -c·A (EasyR1 runs with c = 3; None: off).
     aux: loss, pg_loss, kl (aggregated, before kl_beta), clip_fraction (fraction of
     masked tokens on the clipped branch, whose gradient is zero), ratio_mean, n_tokens.
     """
     pg, kl, ratio, clipped, on = _grpo_parts(logp, old_logp, ref_logp, advantages, mask,
-                                             clip_low, clip_high, kl_kind, kl_clamp)
+                                             clip_low, clip_high, kl_kind, kl_clamp, dual_clip)
     pg_loss, kl_term = aggregate(pg, on, aggregation), aggregate(kl, on, aggregation)
     loss = pg_loss + kl_beta * kl_term
     aux = {"loss": loss, "pg_loss": pg_loss, "kl": kl_term,
@@ -284,8 +323,8 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, *, clip_low=0.2, clip_
 
 
 def _mopd_parts(logp, old_logp, teacher_logp, advantages, mask, kl_mask, clip_low, clip_high,
-                kl_clamp):
-    pg, ratio, clipped, on = _clipped_pg(logp, old_logp, advantages, mask, clip_low, clip_high)
+                kl_clamp, dual_clip=None):
+    pg, ratio, clipped, on = _clipped_pg(logp, old_logp, advantages, mask, clip_low, clip_high, dual_clip)
     # K3 with δ = teacher - student is kl_penalty(student, teacher, "k3").
     k3 = kl_penalty(jnp.where(on, logp, 0.0), jnp.where(on, teacher_logp, 0.0), "k3", kl_clamp)
     kl_on = _float(kl_mask)[:, None] > 0  # [B, 1]
@@ -294,23 +333,24 @@ def _mopd_parts(logp, old_logp, teacher_logp, advantages, mask, kl_mask, clip_lo
 
 def mopd_loss_terms(logp, old_logp, teacher_logp, advantages, mask, kl_mask, *, beta=0.01,
                     clip_low=0.2, clip_high=0.28, kl_clamp=10.0,
-                    aggregation="token_mean") -> tuple[Array, Array]:
+                    aggregation="token_mean", dual_clip=None) -> tuple[Array, Array]:
     """(numerator, denominator) of `mopd_loss`; sum both over micro-batches, then divide."""
     pg, kl, *_ = _mopd_parts(logp, old_logp, teacher_logp, advantages, mask, kl_mask, clip_low,
-                             clip_high, kl_clamp)
+                             clip_high, kl_clamp, dual_clip)
     return aggregate_terms(pg + beta * kl, mask, aggregation)
 
 
 def mopd_loss(logp, old_logp, teacher_logp, advantages, mask, kl_mask, *, beta=0.01,
               clip_low=0.2, clip_high=0.28, kl_clamp=10.0,
-              aggregation="token_mean") -> tuple[Array, dict]:
+              aggregation="token_mean", dual_clip=None) -> tuple[Array, dict]:
     """UI-MOPD's loss L = L_PG + beta * L_MOPD. Returns (loss, aux).
 
     logp, old_logp [B, T]: the student's (current, sampling) log-probs of its sampled
     tokens; teacher_logp [B, T]: the platform teacher's log-probs of the same tokens;
     advantages [B] (or [B, T]); mask [B, T] 0/1 response tokens; kl_mask [B] 0/1 (μ_g,
     0 for sequences of groups the student already solves).
-    L_PG: the PPO clipped surrogate of `grpo_loss` (asymmetric clip).
+    L_PG: the PPO clipped surrogate of `grpo_loss` (asymmetric clip; dual_clip as there,
+    the release's veRL run sets clip_ratio_c = 10).
     L_MOPD: per token K3 = exp(δ) - δ - 1, δ = teacher_logp - logp, clamped to
     [-kl_clamp, kl_clamp] and multiplied by its sequence's kl_mask, then aggregated like
     L_PG. With "token_mean" the denominator is all response tokens of the batch,
@@ -322,7 +362,7 @@ def mopd_loss(logp, old_logp, teacher_logp, advantages, mask, kl_mask, *, beta=0
     clip_fraction, ratio_mean, kl_mask_fraction (of sequences), n_tokens.
     """
     pg, kl, k3, ratio, clipped, on, kl_on = _mopd_parts(
-        logp, old_logp, teacher_logp, advantages, mask, kl_mask, clip_low, clip_high, kl_clamp)
+        logp, old_logp, teacher_logp, advantages, mask, kl_mask, clip_low, clip_high, kl_clamp, dual_clip)
     pg_loss, kl_loss = aggregate(pg, on, aggregation), aggregate(kl, on, aggregation)
     loss = pg_loss + beta * kl_loss
     aux = {"loss": loss, "pg_loss": pg_loss, "kl_loss": kl_loss, "kl": _token_mean(k3, kl_on),

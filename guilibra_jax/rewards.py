@@ -14,9 +14,10 @@ width / height); a response's coordinates are converted with :mod:`actions`.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 
 from guilibra_jax import actions as A
 
@@ -36,6 +37,8 @@ class Target:
     0-1000 / 0-999 space) when the step comes from a tool-call dataset.
     alternatives: other actions that are also correct in this state (partial
     verifiability made explicit); rewards accept a response matching any of them.
+    is_grounding: a grounding-only step (GUI-Libra RL data's ``answer.is_grounding``),
+    which the release's format rule wants answered without reasoning.
     """
 
     action_type: str
@@ -46,6 +49,7 @@ class Target:
     image_size: tuple[int, int] | None = None
     tool_call: A.ToolCall | None = None
     alternatives: tuple["Target", ...] = ()
+    is_grounding: bool = False
 
     def __post_init__(self):
         if A.normalize_action_type(self.action_type) != self.action_type:
@@ -179,19 +183,78 @@ def _accuracy_parts(action: A.Action, unit_point, target: Target, value_rule: st
     return r_act, r_val, r_g
 
 
+FORMAT_RULES = ("paper", "release")
+_ANSWER_SPAN_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_ANSWER_KEYS = ("action_type", "action_description", "value", "point_2d")
+
+
+def release_format_score(response_text: str, *, think_tag: str = "think", is_grounding: bool = False) -> float:
+    """GUI-Libra's released format reward (EasyR1 ``examples/reward_function/r1gui.py`` and
+    ``r1gui_qwen3vl.py``: ``r1gui_format_reward`` and ``compute_score``), 1.0 or 0.0:
+
+    * the whole text is ``[<tag>...</tag>\\s*]<answer>...</answer>`` (``$`` allows one
+      trailing newline), with ``<think>`` for Qwen2.5-VL and ``<thinking>`` for Qwen3-VL only;
+    * the first answer block is a JSON object (``json.loads``; the release's regex fallback
+      never matches, its coordinate pattern does not compile) holding at least action_type,
+      action_description and value as strings and point_2d as two integers or "none"
+      (any case); the action type need not be known, extra keys are allowed;
+    * a step that is not grounding-only must carry reasoning (both tags anywhere in the
+      text) and a grounding-only step must not.
+    """
+    outer = re.compile(rf"^(?:<{think_tag}>.*?</{think_tag}>\s*)?<answer>.*?</answer>$", re.DOTALL)
+    score = 1.0
+    m = _ANSWER_SPAN_RE.search(response_text)
+    if not outer.match(response_text) or m is None:
+        score = 0.0
+    else:
+        try:
+            obj = json.loads(m.group(1).strip())
+        except (ValueError, RecursionError):
+            obj = None
+        if not isinstance(obj, dict) or not all(k in obj for k in _ANSWER_KEYS):
+            score = 0.0
+        elif not all(isinstance(obj[k], str) for k in _ANSWER_KEYS[:3]):
+            score = 0.0
+        else:
+            point = obj["point_2d"]
+            if isinstance(point, list):
+                score = float(len(point) == 2 and all(isinstance(v, int) for v in point))
+            elif isinstance(point, str):
+                score = float(point.lower() == "none")
+            else:
+                score = 0.0
+    uses_reasoning = f"<{think_tag}>" in response_text and f"</{think_tag}>" in response_text
+    if uses_reasoning == is_grounding:
+        return 0.0
+    return score
+
+
 def guilibra_reward(response_text: str, target: Target, *, coord_space: str = "norm1000",
                     resized_size: Sequence[int] | None = None, w_fmt: float = 0.1,
                     value_rule: Literal["paper", "release"] = "paper",
-                    point_tolerance: float = 0.05) -> GuiLibraReward:
+                    point_tolerance: float = 0.05, format_rule: Literal["paper", "release"] = "paper",
+                    think_tag: str = "think", think_opened: bool = False) -> GuiLibraReward:
     """GUI-Libra step reward of one response against its demo.
 
     coord_space: the space the model writes point_2d in ("norm1000" for Qwen3-VL,
     "resized_pixels" for Qwen2.5-VL, which then needs ``resized_size`` = (w, h)).
+    format_rule: "paper" (the output parses: optional think block, one ``<answer>`` JSON
+    with exactly the four keys, a known action type, a finite point;
+    ``actions.parse_response``) or "release" (:func:`release_format_score`, which needs
+    ``think_tag``: "think" for Qwen2.5-VL, "thinking" for Qwen3-VL, and uses
+    ``target.is_grounding``). think_opened: the prompt opened the think block, so the
+    response may lack its opening tag (it is put back before scoring).
     Alternatives in ``target`` are tried when the main label does not give accuracy 1.
     Never raises on any response string.
     """
+    if format_rule not in FORMAT_RULES:
+        raise ValueError(f"unknown format rule {format_rule!r}; expected one of {FORMAT_RULES}")
+    response_text = A.reopen_think(response_text, think_opened)
     parsed = A.parse_response(response_text)
-    r_fmt = float(parsed.format_ok)
+    if format_rule == "release":
+        r_fmt = release_format_score(response_text, think_tag=think_tag, is_grounding=target.is_grounding)
+    else:
+        r_fmt = float(parsed.format_ok)
     best = (0.0, 0.0, 0.0)
     if parsed.action is not None:
         unit_point = None
@@ -233,11 +296,12 @@ def _tool_point_ok(pred: A.ToolCall, label: A.ToolCall, key: str, box: Box | Non
 
 
 def tool_call_score(pred: A.ToolCall, label: A.ToolCall, bbox: Box | None = None,
-                    bbox2: Box | None = None) -> float:
+                    bbox2: Box | None = None, *, check_tool_name: bool = True) -> float:
     """UI-MOPD sub-score in [0, 1] of a parsed prediction against one label, by the
-    label's action (METHOD.md 3b). Boxes are in unit space of the tool's screen."""
+    label's action (METHOD.md 3b; the "strict" rule). Boxes are in unit space of the tool's
+    screen. ``check_tool_name``: the type point also needs the same tool name."""
     act = label.action
-    type_ok = float(pred.name == label.name and pred.action == act)
+    type_ok = float((pred.name == label.name or not check_tool_name) and pred.action == act)
     if act in _CLICK_LIKE:
         return (type_ok + _tool_point_ok(pred, label, "coordinate", bbox)) / 2
     if act == "swipe":
@@ -267,20 +331,172 @@ def tool_call_score(pred: A.ToolCall, label: A.ToolCall, bbox: Box | None = None
     return type_ok  # wait
 
 
-def mopd_reward(response_text: str, target: Target) -> float:
+# ----------------------------------------------------------------- the release's rule
+# Label actions the release's reward dispatches on (verl/ui_mopd/reward/gui_agent.py,
+# MOBILE_REWARD_FUNCS / DESKTOP_REWARD_FUNCS); any other label action scores -1.0 there:
+# mobile ``ask_user`` and desktop ``answer`` among them.
+RELEASE_MOPD_ACTIONS: dict[str, frozenset[str]] = {
+    "mobile_use": frozenset({"click", "long_press", "swipe", "type", "answer", "system_button", "wait",
+                             "terminate"}),
+    "computer_use": frozenset({"left_click", "right_click", "middle_click", "double_click", "triple_click",
+                               "mouse_move", "left_click_drag", "type", "key", "scroll", "hscroll", "wait",
+                               "terminate"}),
+}
+MOPD_RULES = ("strict", "release")
+_RELEASE_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+class _ReleaseRaises(Exception):
+    """Where the release's reward code raises: its caller scores the sample -1.0."""
+
+
+def release_tool_call(text: str) -> dict | None:
+    """The release's parse: the first ``<tool_call>...</tool_call>`` anywhere in the text
+    (think block included), plain ``json.loads``, ``arguments`` a dict holding
+    ``action``; returned flattened as {"name", **arguments}. None when that fails."""
+    m = _RELEASE_CALL_RE.search(text)
+    if not m:
+        return None
+    try:
+        obj = json.loads(m.group(1).strip())
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict):
+        raise _ReleaseRaises("tool call JSON is not an object")   # the release calls .get on it
+    args = obj.get("arguments", {})
+    if not isinstance(args, dict) or "action" not in args:
+        return None
+    return {"name": obj.get("name", ""), **args}
+
+
+def _release_in_box(coord: Any, box: Box, size: int) -> bool:
+    """The release's position_in_bbox (inclusive, either corner order) on the tool's own
+    coordinates; ``box`` is in unit space of the label's ``size`` x ``size`` screen."""
+    if not coord:
+        return False
+    try:
+        n = len(coord)
+        if n != 2:
+            return False
+        x, y = coord[0], coord[1]
+        x1, y1, x2, y2 = (c * size for c in box)
+        return min(x1, x2) - 1e-9 <= x <= max(x1, x2) + 1e-9 and min(y1, y2) - 1e-9 <= y <= max(y1, y2) + 1e-9
+    except (TypeError, KeyError, IndexError) as e:
+        raise _ReleaseRaises(str(e)) from None
+
+
+def _release_point(pred: dict, label: dict, key: str, box: Box | None, size: int) -> bool:
+    if box is not None and key in pred:
+        return _release_in_box(pred[key], box, size)
+    if box is None and key in pred and key in label:
+        return pred[key] == label[key]
+    return False
+
+
+def _sign(v: Any) -> int:
+    return (v > 0) - (v < 0)
+
+
+def release_tool_call_score(pred: dict, label: A.ToolCall, bbox: Box | None = None, bbox2: Box | None = None,
+                            *, check_tool_name: bool = False) -> float:
+    """The release's sub-score of a flattened prediction (:func:`release_tool_call`) against
+    a label whose action it dispatches on. Differences from :func:`tool_call_score`: no
+    argument schema (a missing text equals a missing text), button and status compared
+    case-sensitively, a scroll label without box or coordinate can never earn its point,
+    points compared on the label tool's own coordinates. Raises :class:`_ReleaseRaises`
+    where the release's code raises."""
+    lab = {"name": label.name, **label.arguments}
+    act = label.action
+    type_ok = float(pred.get("action") == act and (pred.get("name") == label.name or not check_tool_name))
+    size = A.TOOL_SCREEN_SIZE[label.name]
+    if act in ("click", "long_press", "left_click", "right_click", "middle_click", "double_click",
+               "triple_click", "mouse_move", "left_click_drag"):
+        return (type_ok + _release_point(pred, lab, "coordinate", bbox, size)) / 2
+    if act == "swipe":
+        return (type_ok + _release_point(pred, lab, "coordinate", bbox, size)
+                + _release_point(pred, lab, "coordinate2", bbox2, size)) / 3
+    if act in ("type", "answer"):
+        same = str(pred.get("text", "")).strip().lower() == str(lab.get("text", "")).strip().lower()
+        return (type_ok + same) / 2
+    if act == "key":
+        p, l = pred.get("keys", []), lab.get("keys", [])
+        same = False
+        if isinstance(p, list) and isinstance(l, list):
+            try:
+                same = {k.lower() for k in p} == {k.lower() for k in l}
+            except AttributeError as e:
+                raise _ReleaseRaises(str(e)) from None
+        return (type_ok + same) / 2
+    if act in ("scroll", "hscroll"):
+        point = _release_point(pred, lab, "coordinate", bbox, size)
+        try:
+            same_sign = _sign(pred.get("pixels", 0)) == _sign(lab.get("pixels", 0))
+        except (TypeError, ValueError):
+            same_sign = False
+        return (type_ok + point + same_sign) / 3
+    if act in ("system_button", "terminate"):
+        key = "button" if act == "system_button" else "status"
+        return (type_ok + (pred.get(key) == lab.get(key))) / 2
+    return type_ok  # wait
+
+
+def _release_single(text: str, label: Target, check_tool_name: bool) -> float:
+    call = label.tool_call
+    if call is None or call.action not in RELEASE_MOPD_ACTIONS.get(call.name, ()):
+        return -1.0
+    try:
+        pred = release_tool_call(text)
+        if pred is None:
+            return -1.0
+        raw = release_tool_call_score(pred, call, label.bbox, label.bbox2, check_tool_name=check_tool_name)
+    except _ReleaseRaises:
+        return -1.0
+    return 1.0 if raw == 1.0 else -0.5
+
+
+def mopd_reward(response_text: str, target: Target, *, rule: Literal["strict", "release"] = "strict",
+                check_tool_name: bool | None = None, think_opened: bool = False) -> float:
     """UI-MOPD task reward: 1.0 if the response's tool call fully matches the label
-    (or an alternative label), -0.5 if it parses but does not, -1.0 if it cannot be
-    parsed or its action is unknown. ``target.tool_call`` must be set."""
+    (or an alternative label), -0.5 if it does not, -1.0 as below. ``target.tool_call``
+    must be set.
+
+    rule "strict" (ours): -1.0 when the response has no tool call of a known tool and
+    action with well-formed arguments (our parser's schema), or the label is not a valid
+    call; every label action is scored (ask_user and desktop answer by their text); a
+    scroll label without box or coordinate needs no point; button / status compare
+    case-insensitively.
+    rule "release" (``verl/ui_mopd/reward/gui_agent.py::compute_score``): -1.0 only when
+    no ``<tool_call>`` JSON with an ``action`` can be read, the label's action is not one
+    the release scores (mobile ``ask_user``, desktop ``answer``: always -1.0 unless an
+    alternative scores 1.0), or the release's code would raise on the prediction (e.g.
+    a non-list coordinate against a box); a call naming an unknown action or missing
+    arguments scores -0.5 like any partial match. Alternatives are tried only for 1.0.
+    check_tool_name: the type point also needs the label's tool name (computer_use vs
+    mobile_use); default True for "strict", False for "release" (the release compares
+    the action alone). think_opened: the prompt opened the think block (Qwen3-VL-Thinking
+    chat templates), so a response may lack ``<think>`` (strict rule's parser).
+    """
+    if rule not in MOPD_RULES:
+        raise ValueError(f"unknown MOPD reward rule {rule!r}; expected one of {MOPD_RULES}")
     if target.tool_call is None:
         raise ValueError("mopd_reward needs Target.tool_call (the UI-MOPD label)")
+    if rule == "release":
+        check = False if check_tool_name is None else check_tool_name
+        reward = _release_single(response_text, target, check)
+        if reward != 1.0:
+            for alt in target.alternatives:
+                if _release_single(response_text, alt, check) == 1.0:
+                    return 1.0
+        return reward
+    check = True if check_tool_name is None else check_tool_name
     if A.validate_tool_call(target.tool_call) is not None:
         return -1.0
-    parsed = A.parse_tool_call_response(response_text)
+    parsed = A.parse_tool_call_response(response_text, think_opened=think_opened)
     if parsed.call is None or A.validate_tool_call(parsed.call) is not None:
         return -1.0
     for label in (target, *target.alternatives):
         if label.tool_call is None or A.validate_tool_call(label.tool_call) is not None:
             continue
-        if tool_call_score(parsed.call, label.tool_call, label.bbox, label.bbox2) == 1.0:
+        if tool_call_score(parsed.call, label.tool_call, label.bbox, label.bbox2, check_tool_name=check) == 1.0:
             return 1.0
     return -0.5

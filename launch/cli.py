@@ -31,4 +31,25 @@ def run(main) -> None:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
 
-    app.run(wrapped)
+    app.run(wrapped, flags_parser=parse_flags)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, with a ``--config.a.b=v`` override of a key the locked config
+    does not have (ml_collections raises AttributeError / KeyError there) reported on
+    one line naming the key, exit status 2, instead of a traceback."""
+    try:
+        return app.parse_flags_with_usage(argv)
+    except (AttributeError, KeyError) as e:
+        msg = e
+        while isinstance(msg, BaseException) and msg.args:  # ml_collections wraps a KeyError
+            msg = msg.args[0]
+        name, _, hint = str(msg).partition("\n")
+        name, hint = name.strip("'\" "), hint.replace("\n", " ").strip()
+        culprit = next((a.split("=")[0] for a in argv[1:] if a.startswith("--") and "." in a
+                        and name and name in a.split("=")[0].split(".")), None)
+        if culprit is None:  # not an override of ours: a bug (in a recipe file, say) keeps its traceback
+            raise
+        print(f"error: config key {culprit.split('.', 1)[1]} does not exist (from {culprit})"
+              + (f": {hint}" if hint else ""), file=sys.stderr)
+        sys.exit(2)

@@ -1,12 +1,19 @@
 """Export a training checkpoint to a Hugging Face folder (loads in transformers / vLLM).
 
-    python -m launch.convert --workdir=runs/demo [--step=N] --out=runs/demo/hf
+    python -m launch.convert --workdir=runs/demo [--step=N] [--out=runs/demo/hf]
+
+Reads only the parameters of the checkpoint (orbax partial restore: no optimizer state
+in memory) and writes the complete export of ``guilibra_jax.train.export``: weights,
+tokenizer, chat template, and preprocessor / generation configs with the run's pixel
+bounds and stop ids.
 """
 
 import logging
 import os
 
-from absl import app, flags
+from absl import flags
+
+from launch import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder holding config.json and checkpoints/.")
 _OUT = flags.DEFINE_string("out", None, "Output folder (default: WORKDIR/export_step<N>).")
@@ -14,28 +21,38 @@ _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest
 flags.mark_flags_as_required(["workdir"])
 
 
-def main(argv):
-    del argv
-    import jax
+def convert(workdir: str, out: str | None = None, step: int | None = None) -> str:
+    """Export checkpoint ``step`` (None: the latest) of ``workdir`` to ``out``; returns ``out``."""
     from flax import nnx
 
+    from guilibra_jax.errors import UserError
     from guilibra_jax.train import checkpoint as C
     from guilibra_jax.train import config as run_config
     from guilibra_jax.train import data_source, model_factory
 
     nnx.use_eager_sharding(False)
-    workdir = _WORKDIR.value
-    config = run_config.load_run_config(workdir)
+    try:
+        config = run_config.load_run_config(workdir)
+    except FileNotFoundError as e:
+        raise UserError(f"--workdir: {e}") from None
     tokenizer = data_source.prepare_tokenizer(config, workdir)
     abstract = nnx.eval_shape(lambda: model_factory.build_model(config, tokenizer)[0])
     graphdef, pstate, _ = nnx.split(abstract, nnx.Param, ...)
-    model_config = abstract.config
-    step, params = C.restore_params(os.path.join(workdir, "checkpoints"), nnx.to_pure_dict(pstate), _STEP.value)
-    out = _OUT.value or os.path.join(workdir, f"export_step{step}")
-    model_factory.export(graphdef, jax.device_get(params), model_config, tokenizer, out)
+    try:
+        step, params = C.restore_params_only(os.path.join(workdir, "checkpoints"), nnx.to_pure_dict(pstate), step)
+    except FileNotFoundError as e:
+        raise UserError(f"--workdir={workdir} --step={step}: {e}") from None
+    out = out or os.path.join(workdir, f"export_step{step}")
+    model_factory.export(graphdef, params, abstract.config, tokenizer, out, config=config)
     logging.info("exported step %d to %s", step, out)
-    print(out)
+    return out
+
+
+def main(argv):
+    del argv
+    logging.getLogger().setLevel(logging.INFO)
+    print(convert(_WORKDIR.value, _OUT.value, _STEP.value))
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -11,14 +11,17 @@ passes --bad_record_threshold.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
 
+from absl import flags
+
 from guilibra_jax.data import bad_records as B
 from guilibra_jax.data import readers as R
 from guilibra_jax.data import writers as W
+from guilibra_jax.errors import UserError
+from launch import cli
 
 
 def convert(inputs, fmt: str, output: str, to: str = "native", *, image_root: str | None = None,
@@ -44,26 +47,42 @@ def convert(inputs, fmt: str, output: str, to: str = "native", *, image_root: st
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--input", required=True, nargs="+", help="files, folders or globs")
-    ap.add_argument("--format", required=True, choices=R.FORMATS)
-    ap.add_argument("--output", required=True)
-    ap.add_argument("--to", default="native", choices=sorted(W.WRITERS))
-    ap.add_argument("--image_root", default=None)
-    ap.add_argument("--include_unused", action="store_true", help="uni_gui: keep is_use=false steps")
-    ap.add_argument("--bad_record_threshold", type=float, default=0.05)
-    args = ap.parse_args(argv)
+_INPUT = flags.DEFINE_multi_string("input", None, "Files, folders or globs (repeat the flag for several).")
+_FORMAT = flags.DEFINE_enum("format", None, list(R.FORMATS), "The input's format.")
+_OUTPUT = flags.DEFINE_string("output", None, "Output file.")
+_TO = flags.DEFINE_enum("to", "native", sorted(W.WRITERS), "The output's format.")
+_IMAGE_ROOT = flags.DEFINE_string("image_root", None, "Folder relative image paths start from (guilibra_sft).")
+_INCLUDE_UNUSED = flags.DEFINE_bool("include_unused", False, "uni_gui: keep is_use=false steps.")
+_THRESHOLD = flags.DEFINE_float("bad_record_threshold", 0.05, "Fail when the fraction of bad records passes this.")
+flags.mark_flags_as_required(["input", "format", "output"])
+
+
+def run(argv) -> None:
+    """absl main: convert, print the counts as JSON; too many bad records is a user error."""
+    del argv
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
-        result = convert(args.input, args.format, args.output, args.to, image_root=args.image_root,
-                         include_unused=args.include_unused, bad_record_threshold=args.bad_record_threshold)
+        result = convert(_INPUT.value, _FORMAT.value, _OUTPUT.value, _TO.value, image_root=_IMAGE_ROOT.value,
+                         include_unused=_INCLUDE_UNUSED.value, bad_record_threshold=_THRESHOLD.value)
     except B.TooManyBadRecords as e:
+        raise UserError(str(e)) from None
+    except FileNotFoundError as e:
+        raise UserError(f"--input={','.join(_INPUT.value)}: {e}") from None
+    print(json.dumps(result))
+
+
+def main(argv=None) -> int:
+    """Run with ``argv`` (flags only, as on the command line) in this process; returns
+    the exit status (0, or 2 for a user error). For tests and scripts."""
+    try:
+        flags.FLAGS.unparse_flags()
+        flags.FLAGS([sys.argv[0] if sys.argv else "convert_data", *(argv or [])])
+        run([])
+    except (UserError, flags.Error) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(result))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.run(run)

@@ -2,14 +2,19 @@
 
 Runs offline step metrics and online episodes in the synthetic world for every agent in
 ``config.agents`` and writes ``report.json`` / ``report.png`` into DIR (see
-:mod:`guilibra_jax.eval.run`).
+:mod:`guilibra_jax.eval.run`). Agents: expert, random, convention, checkpoint (a
+training run or an export), endpoint (a model served by vLLM / SGLang / an API).
 """
 
 import json
 import logging
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
+
+from launch import cli, recipes
+
+__doc__ += recipes.help_text("eval")
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Eval recipe: configs/X.py[:arg].",
                                           lock_config=True)
@@ -26,4 +31,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

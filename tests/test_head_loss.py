@@ -92,26 +92,32 @@ def test_asft_coefficients_give_asft_loss_terms_numerator():
     targets = jnp.zeros((3, 5), jnp.int32)
     # two classes with probabilities exp(-nll) (the target) and 1 - exp(-nll): token_nll = nll
     logits = jnp.where(jax.nn.one_hot(targets, 2) > 0, -nll[..., None], jnp.log(1 - jnp.exp(-nll))[..., None])
+    # weighting "release": the same parts with the IN_ANSWER / AFTER_POINT flags (x2 / x8 positions)
+    flagged = jnp.where(seg > 0, seg | jnp.asarray([[0, 0, 4, 12, 0], [0, 0, 4, 4, 12], [0, 0, 0, 0, 0]]), 0)
     for normalize in ("sample", "token"):
-        num0, den0 = L.asft_loss_terms(logits, targets, seg, alpha_action=2.0, alpha_grounding=4.0,
-                                       normalize=normalize)
-        coef, den = L.asft_token_coefficients(seg, alpha_action=2.0, alpha_grounding=4.0, normalize=normalize)
-        np.testing.assert_allclose(jnp.sum(coef * nll), num0, rtol=1e-6)
-        assert float(den) == float(den0)
+        for weighting, s in (("paper", seg), ("release", flagged)):
+            num0, den0 = L.asft_loss_terms(logits, targets, s, alpha_action=2.0, alpha_grounding=4.0,
+                                           normalize=normalize, weighting=weighting)
+            coef, den = L.asft_token_coefficients(s, alpha_action=2.0, alpha_grounding=4.0, normalize=normalize,
+                                                  weighting=weighting)
+            np.testing.assert_allclose(jnp.sum(coef * nll), num0, rtol=1e-6)
+            assert float(den) == float(den0)
 
 
 # ------------------------------------------------------------------ the ASFT step
 
 
-def _full_logits_step(graphdef, tx, normalize):
+def _full_logits_step(graphdef, tx, normalize, weighting="paper"):
     """The ASFT step as it was before head_loss: [B, T, V] logits and losses.asft_loss_terms."""
 
     def micro_terms(params, micro):
         logits = nnx.merge(graphdef, params)(micro["input_ids"], micro["positions"], micro["segment_ids"],
                                              micro.get("pixel_values"), micro.get("vision"))
-        num, den = L.asft_loss_terms(logits, micro["targets"], micro["loss_segments"], normalize=normalize)
+        num, den = L.asft_loss_terms(logits, micro["targets"], micro["loss_segments"], normalize=normalize,
+                                     weighting=weighting)
         nll = L.token_nll(logits, jnp.where(micro["loss_segments"] > 0, micro["targets"], 0))
-        sums = {f"nll_sum_{n}": jnp.sum(jnp.where(micro["loss_segments"] == i, nll, 0.0))
+        part = L.segment_part(micro["loss_segments"])
+        sums = {f"nll_sum_{n}": jnp.sum(jnp.where(part == i, nll, 0.0))
                 for n, i in sft_step.PARTS.items()}
         return num, (den, sums)
 
@@ -119,20 +125,27 @@ def _full_logits_step(graphdef, tx, normalize):
     return step_core.make_step(micro_terms, tx, zero)
 
 
-@pytest.mark.parametrize("normalize,image_hw", [("sample", (56, 56)), ("token", None)])
-def test_sft_step_equals_the_full_logits_step_float32(normalize, image_hw):
+@pytest.mark.parametrize("normalize,image_hw,weighting", [("sample", (56, 56), "paper"), ("token", None, "paper"),
+                                                           ("sample", None, "release")])
+def test_sft_step_equals_the_full_logits_step_float32(normalize, image_hw, weighting):
     """Loss, gradient (SGD lr 1: params move by exactly -grad) and per-part NLL of the
     lean step equal the full-logits step's, with uneven loss counts per row, two
-    micro-batches and a chunk smaller than the rows' loss positions (with images once)."""
+    micro-batches and a chunk smaller than the rows' loss positions (with images once;
+    once with the release weighting's flagged segment ids)."""
     cfg = F.tiny_config()
     graphdef, pstate, _ = nnx.split(M.QwenVL(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
     params = nnx.to_pure_dict(pstate)
     tx = optax.sgd(1.0)
     micro = [F.fake_sft_batch(cfg, batch=2, seq_len=48, image_hw=image_hw, seed=s, left_pad=2 * s) for s in (0, 1)]
     micro[0]["loss_segments"][1, 30:] = 0  # rows with different loss counts
+    if weighting == "release":  # flags: IN_ANSWER from position 36, AFTER_POINT from 42
+        for m in micro:
+            seg = m["loss_segments"]
+            seg[:, 36:] |= np.where(seg[:, 36:] > 0, L.IN_ANSWER, 0).astype(seg.dtype)
+            seg[:, 42:] |= np.where(seg[:, 42:] > 0, L.AFTER_POINT, 0).astype(seg.dtype)
     batch = stack_micro_batches(micro)
-    lean = jax.jit(sft_step.make_sft_step(graphdef, tx, normalize=normalize, logits_chunk=6))
-    full = jax.jit(_full_logits_step(graphdef, tx, normalize))
+    lean = jax.jit(sft_step.make_sft_step(graphdef, tx, normalize=normalize, logits_chunk=6, weighting=weighting))
+    full = jax.jit(_full_logits_step(graphdef, tx, normalize, weighting))
     s1, m1 = lean(step_core.init_state(params, tx), batch)
     s0, m0, sums0 = full(step_core.init_state(params, tx), batch)
     np.testing.assert_allclose(m1["loss"], m0["loss"], rtol=2e-6)
@@ -140,7 +153,9 @@ def test_sft_step_equals_the_full_logits_step_float32(normalize, image_hw):
     for a, b in zip(jax.tree.leaves(s1["params"]), jax.tree.leaves(s0["params"])):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     nll_sum = {n: float(sums0[f"nll_sum_{n}"]) for n in sft_step.PARTS}
-    counts = {n: float(np.sum(np.stack([m["loss_segments"] for m in micro]) == i)) for n, i in sft_step.PARTS.items()}
+    parts = np.where(np.stack([m["loss_segments"] for m in micro]) > 0,
+                     np.stack([m["loss_segments"] for m in micro]) & L.PART_MASK, 0)
+    counts = {n: float(np.sum(parts == i)) for n, i in sft_step.PARTS.items()}
     for n in sft_step.PARTS:
         np.testing.assert_allclose(m1[f"loss_{n}"], nll_sum[n] / counts[n], rtol=2e-6)
 

@@ -14,6 +14,8 @@ import dataclasses
 import logging
 from typing import Any, Iterable, Mapping
 
+from guilibra_jax.errors import UserError
+
 log = logging.getLogger(__name__)
 
 # Reasons a record is bad.
@@ -51,8 +53,9 @@ def classify_record_error(message: str) -> str:
     return INVALID_RECORD
 
 
-class TooManyBadRecords(RuntimeError):
-    """The bad fraction passed ``BadRecordLog.threshold``."""
+class TooManyBadRecords(UserError, RuntimeError):
+    """The bad fraction passed ``BadRecordLog.threshold`` (a user's data problem: the
+    launchers print it on one line)."""
 
 
 class BadRecordLog:
@@ -102,8 +105,9 @@ class BadRecordLog:
             worst = ", ".join(f"{k}={v}" for k, v in self.counts.most_common())
             first = "; ".join(f"{w}: {r}: {m[:100]}" for r, w, m in self.examples[:5])
             raise TooManyBadRecords(
-                f"{self.bad} of {seen} records are bad ({self.bad / seen:.1%} > threshold "
-                f"{self.threshold:.1%}; config key bad_record_threshold). By reason: {worst}. First: {first}")
+                f"{self.bad} of {seen} records are bad ({self.bad / seen:.1%} > the allowed {self.threshold:.1%}: "
+                f"config key data.max_bad_fraction, DataConfig.bad_record_threshold). By reason: {worst}. "
+                f"First: {first}")
 
     def get_state(self) -> dict[str, Any]:
         return {"counts": dict(self.counts), "filtered": dict(self.filtered), "kept": self.kept}
@@ -115,3 +119,19 @@ class BadRecordLog:
 
     def summary(self) -> dict[str, Any]:
         return {"kept": self.kept, "bad": dict(self.counts), "filtered": dict(self.filtered)}
+
+    def as_metrics(self, prefix: str = "data/") -> dict[str, int]:
+        """Flat counters for a metrics row: ``data/kept``, ``data/bad``, ``data/filtered``
+        and one ``data/bad/<reason>`` / ``data/filtered/<reason>`` per reason seen."""
+        out = {f"{prefix}kept": self.kept, f"{prefix}bad": self.bad,
+               f"{prefix}filtered": sum(self.filtered.values())}
+        out.update({f"{prefix}bad/{k}": v for k, v in sorted(self.counts.items())})
+        out.update({f"{prefix}filtered/{k}": v for k, v in sorted(self.filtered.items())})
+        return out
+
+    def report(self) -> str:
+        """One line for the end of a run: kept, bad and filtered counts by reason."""
+        def by(c):
+            return ", ".join(f"{k}={v}" for k, v in sorted(c.items())) or "none"
+        return (f"{self.kept} samples used, {self.bad} bad records skipped ({by(self.counts)}), "
+                f"{sum(self.filtered.values())} filtered ({by(self.filtered)})")

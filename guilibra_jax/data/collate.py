@@ -40,7 +40,7 @@ def bucket(n: int, buckets: Sequence[int]) -> int:
         if b >= n:
             return int(b)
     raise ValueError(f"sequence of {n} tokens exceeds the largest bucket {max(buckets)}; raise "
-                     f"seq_buckets or lower max_length")
+                     f"data.seq_buckets (DataConfig.seq_buckets) or lower data.max_length")
 
 
 def round_up(n: int, multiple: int) -> int:

@@ -79,6 +79,68 @@ def processor_config(family: str, *, min_pixels: int | None = None, max_pixels: 
     return dataclasses.replace(cfg, **kw)
 
 
+@dataclasses.dataclass(frozen=True)
+class PixelBudgets:
+    """Pixel bounds of the image processor per platform. Both releases resize by platform
+    (UI-MOPD's data prep: mobile 40,768..548,800, desktop 3,136..13,107,200 pixels), so
+    training, RL prompts and the evaluation agent ask :meth:`bounds` for each record.
+
+    per_platform: ((platform, (min, max)), ...); a 0 inside a pair (or a platform not
+    listed) falls back to ``min_pixels`` / ``max_pixels``, and None there means the model
+    family's own default (:func:`processor_config`).
+    """
+
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+    per_platform: tuple[tuple[str, tuple[int, int]], ...] = ()
+
+    @classmethod
+    def from_config(cls, min_pixels: int | None = None, max_pixels: int | None = None,
+                    pixels: Any = None) -> "PixelBudgets":
+        """From ``data.min_pixels`` / ``data.max_pixels`` (0 or None: family default) and
+        ``data.pixels`` (a mapping platform -> (min, max), or pairs of those)."""
+        items = pixels.items() if hasattr(pixels, "items") else (pixels or ())
+        per = []
+        for platform, pair in items:
+            lo, hi = (int(v) for v in pair)
+            if lo < 0 or hi < 0 or (lo and hi and lo > hi):
+                raise ValueError(f"data.pixels.{platform} = {tuple(pair)} is invalid: expected (min, max) "
+                                 f"with 0 <= min <= max (0: data.min_pixels / data.max_pixels)")
+            per.append((str(platform), (lo, hi)))
+        return cls(int(min_pixels) if min_pixels else None, int(max_pixels) if max_pixels else None,
+                   tuple(sorted(per)))
+
+    def bounds(self, platform: str | None) -> tuple[int | None, int | None]:
+        """(min_pixels, max_pixels) for images of ``platform`` (None: the family default)."""
+        lo, hi = dict(self.per_platform).get(platform, (0, 0)) if platform is not None else (0, 0)
+        return (lo or self.min_pixels), (hi or self.max_pixels)
+
+    def processor_config(self, family: str, platform: str | None, model_config: Any = None
+                         ) -> ImageProcessorConfig:
+        lo, hi = self.bounds(platform)
+        return processor_config(family, min_pixels=lo, max_pixels=hi, model_config=model_config)
+
+    def for_family(self, family: str, model_config: Any = None) -> "PlatformImageConfigs":
+        return PlatformImageConfigs(self, family, model_config)
+
+
+class PlatformImageConfigs:
+    """The :class:`ImageProcessorConfig` of each platform under one :class:`PixelBudgets`
+    (picklable: grain workers get it with the map function)."""
+
+    def __init__(self, budgets: PixelBudgets, family: str, model_config: Any = None):
+        self.budgets, self.family, self.model_config = budgets, family, model_config
+        self.default = budgets.processor_config(family, None, model_config)
+
+    def for_platform(self, platform: str | None) -> ImageProcessorConfig:
+        return self.budgets.processor_config(self.family, platform, self.model_config)
+
+
+def config_for(img_cfg: "ImageProcessorConfig | PlatformImageConfigs", platform: str | None) -> ImageProcessorConfig:
+    """The processor config of ``platform``'s images (one config serves every platform)."""
+    return img_cfg.for_platform(platform) if isinstance(img_cfg, PlatformImageConfigs) else img_cfg
+
+
 def resized_hw(height: int, width: int, cfg: ImageProcessorConfig) -> tuple[int, int]:
     """(height, width) the processor resizes an image to."""
     return A.smart_resize(height, width, cfg.factor, cfg.min_pixels, cfg.max_pixels)

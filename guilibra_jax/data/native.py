@@ -22,7 +22,8 @@ it; the synthetic world writes it directly. Fields::
     target = {action_type (canonical GUI-Libra), action_description, value | null,
               point [x, y] | null (unit space), bbox [x1, y1, x2, y2] | null (unit space),
               bbox2 | null (swipe end, unit space), action_target | null,
-              tool_call {"name", "arguments"} | null (UI-MOPD label, tool's own coordinates)}
+              tool_call {"name", "arguments"} | null (UI-MOPD label, tool's own coordinates),
+              is_grounding bool (optional, default false: a grounding-only step)}
 
 A record that breaks this schema raises :class:`RecordError`, naming the field.
 """
@@ -57,10 +58,13 @@ class StepTarget:
     bbox2: tuple[float, float, float, float] | None = None
     action_target: str | None = None
     tool_call: A.ToolCall | None = None
+    is_grounding: bool = False   # grounding-only step (GUI-Libra RL answer.is_grounding)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["tool_call"] = None if self.tool_call is None else self.tool_call.to_json_dict()
+        if not self.is_grounding:
+            d.pop("is_grounding")   # written only when set
         for k in ("point", "bbox", "bbox2"):
             d[k] = None if d[k] is None else list(d[k])
         return d
@@ -107,7 +111,8 @@ class StepRecord:
     def reward_target(self) -> R.Target:
         """The :class:`rewards.Target` of this step, alternatives included."""
         def one(t: StepTarget) -> R.Target:
-            return R.Target(t.action_type, t.value, t.point, t.bbox, t.bbox2, self.image_size, t.tool_call)
+            return R.Target(t.action_type, t.value, t.point, t.bbox, t.bbox2, self.image_size, t.tool_call,
+                            is_grounding=t.is_grounding)
         main = one(self.target)
         return dataclasses.replace(main, alternatives=tuple(one(a) for a in self.alternatives))
 
@@ -153,6 +158,9 @@ def target_from_dict(d: Any, where: str = "target") -> StepTarget:
     value = d.get("value")
     if value is not None and not isinstance(value, str):
         raise RecordError(f"{where}: field 'value' must be a string or null, got {type(value).__name__}")
+    is_grounding = d.get("is_grounding", False)
+    if not isinstance(is_grounding, bool):
+        raise RecordError(f"{where}: field 'is_grounding' must be true or false, got {is_grounding!r}")
     return StepTarget(
         action_type=action_type,
         action_description=str(d.get("action_description") or ""),
@@ -162,6 +170,7 @@ def target_from_dict(d: Any, where: str = "target") -> StepTarget:
         bbox2=_geom(d.get("bbox2"), 4, "bbox2", where),
         action_target=d.get("action_target"),
         tool_call=tool_call,
+        is_grounding=is_grounding,
     )
 
 

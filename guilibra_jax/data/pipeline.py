@@ -7,9 +7,11 @@
       .to_iter_dataset(read_options)
       [.mp_prefetch(num_workers)]
 
-The sample index is built up front (mix, rebalance, shard), so batch composition
-depends only on the seed: the same batches come out with 0 or N workers, and the
-iterator state is grain's (JSON-able) plus the bad-record counts.
+The sample index is built up front (mix, rebalance), so batch composition depends only
+on the seed: the same batches come out with 0 or N workers, and the iterator state is
+grain's (JSON-able) plus the bad-record counts. With several processes each takes every
+process_count-th batch of the shuffled stream (``batch_size`` rows per process), so the
+processes' batches together are the batches of one process with their summed batch size.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from guilibra_jax.data import bad_records as B
 from guilibra_jax.data import collate as C
 from guilibra_jax.data import images as I
 from guilibra_jax.data import mixing as M
+from guilibra_jax.data import prompts as P
 from guilibra_jax.data import readers as R
 from guilibra_jax.data import samples as S
 from guilibra_jax.data import tokenize as T
@@ -46,6 +49,9 @@ class DataConfig:
     patch_bucket: int = 2048               # pixel_values rows rounded up to a multiple of this
     min_pixels: int | None = None          # image processor bounds (None: family default)
     max_pixels: int | None = None
+    pixels: Any = None                     # platform -> (min, max) pixels; 0 / unlisted: the two above
+    open_think: str = "auto"               # prompt ends with "<think>\n": auto (chat template) | on | off
+    loss_weighting: str = "paper"          # loss.weighting; "release": segments carry the release's flags
     mix: Any = "both"                      # both | reasoning | direct | p (reasoning probability)
     include_action_target: bool = False
     system_prompt: str | None = None       # None: the method's own system turn; else a template
@@ -112,9 +118,10 @@ class SampleView:
 class EncodeSample:
     """grain map: (record, variant, where) -> Sample | Dropped."""
 
-    def __init__(self, spec: S.SampleSpec, tokenizer: Any, img_cfg: I.ImageProcessorConfig,
-                 max_length: int | None, splits: Sequence[str] | None):
+    def __init__(self, spec: S.SampleSpec, tokenizer: Any, img_cfg: "I.ImageProcessorConfig | I.PlatformImageConfigs",
+                 max_length: int | None, splits: Sequence[str] | None, prompt_only_length: bool = False):
         self.spec, self.tokenizer, self.img_cfg = spec, tokenizer, img_cfg
+        self.prompt_only_length = prompt_only_length   # RL: max_length bounds the prompt
         self.ids = T.SpecialIds.of(tokenizer)
         self.max_length = max_length
         self.splits = tuple(splits) if splits else None
@@ -124,7 +131,7 @@ class EncodeSample:
         if self.splits and not isinstance(record, B.Dropped) and record.split not in self.splits:
             return B.Dropped("other_split", where, record.split, bad=False)
         return S.make_sample(record, variant, self.spec, self.tokenizer, self.img_cfg, self.ids,
-                             self.max_length, where)
+                             self.max_length, where, self.prompt_only_length)
 
 
 class Collate:
@@ -187,9 +194,11 @@ def _shard_args(cfg: DataConfig, shard_index: int | None, shard_count: int | Non
 
 def build_index(source: R.StepSource, cfg: DataConfig, rl: bool) -> tuple[np.ndarray, dict[str, Any]]:
     """(sample index [S, 2], info) for a source: rebalance, then mix (RL: one direct
-    sample per record). ``info['rebalance']`` holds distributions before / after."""
+    sample per record). ``info['rebalance']`` holds distributions before / after;
+    ``info['platforms']`` the platform labels of the records (MOPD: one teacher each)."""
     metas = [source.meta(i) for i in range(len(source))]
-    info: dict[str, Any] = {"records": len(metas), "unreadable_meta": sum(m is None for m in metas)}
+    info: dict[str, Any] = {"records": len(metas), "unreadable_meta": sum(m is None for m in metas),
+                            "platforms": sorted({m.platform for m in metas if m is not None})}
     keep = np.arange(len(metas))
     if cfg.rebalance_step_keep or cfg.rebalance_max_share:
         keep, info["rebalance"] = M.rebalance(metas, step_keep=cfg.rebalance_step_keep,
@@ -209,16 +218,18 @@ def _make_loader(cfg: Any, tokenizer: Any, model_config: Any, rl: bool, shard_in
     ids = T.SpecialIds.of(tokenizer)
     ids.check_model(model_config)
     family = model_config.family
-    spec = S.SampleSpec(cfg.method, family, cfg.include_action_target, cfg.system_prompt or None)
-    img_cfg = I.processor_config(family, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels,
-                                 model_config=model_config)
+    spec = S.SampleSpec(cfg.method, family, cfg.include_action_target, cfg.system_prompt or None,
+                        generation_prefix=P.generation_prefix(cfg.open_think, tokenizer),
+                        weighting=cfg.loss_weighting if not rl else "paper")
+    img_cfg = I.PixelBudgets.from_config(cfg.min_pixels, cfg.max_pixels, cfg.pixels).for_family(family, model_config)
     if source is None:
         source = R.open_source(cfg.inputs, cfg.format, image_root=cfg.image_root,
                                include_unused=cfg.include_unused)
     index, info = build_index(source, cfg, rl)
     si, sc = _shard_args(cfg, shard_index, shard_count)
-    index = M.shard(index, si, sc)
-    info.update(shard_index=si, shard_count=sc, shard_samples=len(index))
+    if not 0 <= si < sc:
+        raise ValueError(f"shard_index {si} must lie in [0, shard_count={sc})")
+    info.update(shard_index=si, shard_count=sc, shard_samples=len(index) // sc)
     if cfg.pack and not rl:
         per_batch = cfg.pack_samples or 4 * cfg.batch_size
     else:
@@ -233,8 +244,14 @@ def _make_loader(cfg: Any, tokenizer: Any, model_config: Any, rl: bool, shard_in
         ds = ds.shuffle(seed=cfg.seed)
     if cfg.num_epochs is None or cfg.num_epochs > 1:
         ds = ds.repeat(cfg.num_epochs)
-    ds = ds.map(EncodeSample(spec, tokenizer, img_cfg, max_len, None if rl else cfg.splits))
+    ds = ds.map(EncodeSample(spec, tokenizer, img_cfg, max_len, None if rl else cfg.splits, rl))
     ds = ds.batch(per_batch, drop_remainder=cfg.drop_remainder, batch_fn=Collate(ccfg, model_config, rl))
+    if sc > 1:
+        # Shard by batch after the shuffle: process p takes batches p, p + sc, ...; batch k of
+        # the processes together is batch k of one process with sc times the batch size,
+        # rows in process order (as put_batch assembles them), so runs do not depend on the
+        # process count. Every process gets the same number of batches.
+        ds = ds[:len(ds) // sc * sc][si::sc]
     it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.read_threads,
                                                  prefetch_buffer_size=cfg.read_buffer))
     if cfg.num_workers > 0:

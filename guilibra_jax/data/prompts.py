@@ -18,6 +18,7 @@ of :mod:`guilibra_jax.data`):
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any, Sequence
 
@@ -195,10 +196,84 @@ def mopd_user_text(platform: str, instruction: str, history: Sequence[str]) -> s
 # Chat template
 # --------------------------------------------------------------------------------------
 
-def chat_prompt_text(system: str, user: str) -> str:
-    """Qwen chat text of a system + user turn, ending with the generation prompt."""
+ASSISTANT_START = "<|im_start|>assistant\n"
+THINK_OPEN = "<think>\n"
+OPEN_THINK_SETTINGS = ("auto", "on", "off")
+
+
+def chat_prompt_text(system: str, user: str, generation_prefix: str = "") -> str:
+    """Qwen chat text of a system + user turn, ending with the generation prompt:
+    ``<|im_start|>assistant\\n`` and ``generation_prefix`` (``<think>\\n`` for
+    Qwen3-VL-*-Thinking chat templates)."""
     return (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
-            "<|im_start|>assistant\n")
+            + ASSISTANT_START + generation_prefix)
+
+
+def chat_template_of(tokenizer: Any) -> str | None:
+    """The tokenizer's chat template, or the one its folder keeps for the processor
+    (``chat_template.jinja`` / ``chat_template.json``, as Qwen3-VL checkpoints ship it)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if template:
+        return template
+    folder = getattr(tokenizer, "name_or_path", "") or ""
+    if not os.path.isdir(folder):
+        return None
+    jinja, js = os.path.join(folder, "chat_template.jinja"), os.path.join(folder, "chat_template.json")
+    if os.path.exists(jinja):
+        with open(jinja) as f:
+            return f.read()
+    if os.path.exists(js):
+        with open(js) as f:
+            return json.load(f).get("chat_template")
+    return None
+
+
+def template_generation_prefix(tokenizer: Any) -> str:
+    """What the tokenizer's chat template writes after ``<|im_start|>assistant\\n`` with
+    ``add_generation_prompt=True``: ``"<think>\\n"`` for Qwen3-VL-*-Thinking, ``""`` for
+    Instruct models (and for a tokenizer without a chat template)."""
+    template = chat_template_of(tokenizer)
+    if not template:
+        return ""
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False,
+                                             add_generation_prompt=True, chat_template=template)
+    except Exception:  # noqa: BLE001 - a template that cannot render a plain turn opens nothing
+        return ""
+    i = text.rfind(ASSISTANT_START)
+    return text[i + len(ASSISTANT_START):] if i >= 0 else ""
+
+
+def generation_prefix(setting: str, tokenizer: Any = None) -> str:
+    """The text the prompt ends with after the assistant header, for ``data.open_think``:
+    "auto" (the tokenizer's chat template decides: :func:`template_generation_prefix`),
+    "on" (``<think>\\n``, as the Thinking templates), "off" (nothing)."""
+    if setting == "on":
+        return THINK_OPEN
+    if setting == "off":
+        return ""
+    if setting == "auto":
+        return template_generation_prefix(tokenizer) if tokenizer is not None else ""
+    raise ValueError(f"data.open_think = {setting!r} is invalid: expected one of {OPEN_THINK_SETTINGS}")
+
+
+def opens_think(prefix: str) -> bool:
+    """Whether a generation prefix leaves a think block open (the response then starts
+    inside it and lacks ``<think>``)."""
+    return prefix.lstrip().startswith("<think>") and "</think>" not in prefix
+
+
+_LEADING_THINK_RE = re.compile(r"\A\s*<(think|thinking)>(.*?)</\1>\s*", re.DOTALL)
+
+
+def continue_open_think(target: str) -> str:
+    """A rendered target rewritten for a prompt that already opened ``<think>``, as the
+    Thinking chat templates render an assistant turn after their generation prompt:
+    ``reasoning.strip("\\n") + "\\n</think>\\n\\n" + rest.lstrip("\\n")``; a target without
+    a think block (a direct-action sample) gets the empty one, ``"\\n</think>\\n\\n" + rest``."""
+    m = _LEADING_THINK_RE.match(target)
+    reasoning, rest = (m.group(2), target[m.end():]) if m else ("", target)
+    return reasoning.strip("\n") + "\n</think>\n\n" + rest.lstrip("\n")
 
 
 TARGET_END = "<|im_end|>"

@@ -335,7 +335,8 @@ def guilibra_rl_to_native(row: Mapping[str, Any], where: str) -> dict[str, Any]:
     value = None if value in (None, "", "None", "no input text") else str(value)
     target = {"action_type": ans["gt_action"], "value": value, "point": point, "bbox": bbox,
               "action_target": ans.get("gt_target") or None,
-              "action_description": native.get("action_description", "")}
+              "action_description": native.get("action_description", ""),
+              "is_grounding": bool(ans.get("is_grounding", False))}
     for k in ("bbox2", "tool_call"):
         if k in native:
             target[k] = native[k]

@@ -31,6 +31,8 @@ class SampleSpec:
     family: Literal["qwen2_5_vl", "qwen3_vl"] = "qwen2_5_vl"
     include_action_target: bool = False
     system_prompt: str | None = None   # None: the method's own; else a template (P.system_prompt)
+    generation_prefix: str = ""        # after the assistant header: "<think>\n" for Thinking templates
+    weighting: str = "paper"           # loss.weighting: "release" adds the release's weight flags
 
     def __post_init__(self):
         if self.method not in P.METHODS:
@@ -80,11 +82,21 @@ def render_target(record: StepRecord, spec: SampleSpec, resized_size: tuple[int,
     return text, True
 
 
+def continue_prefix(target: str, spec: SampleSpec) -> str:
+    """The target as it follows the prompt's generation prefix: unchanged, or (a prefix
+    that opened ``<think>``) rewritten by :func:`prompts.continue_open_think`."""
+    return P.continue_open_think(target) if P.opens_think(spec.generation_prefix) else target
+
+
 def make_sample(record: StepRecord | B.Dropped, variant: int, spec: SampleSpec, tokenizer: Any,
-                img_cfg: I.ImageProcessorConfig, ids: T.SpecialIds | None = None,
-                max_length: int | None = None, where: str | None = None) -> Sample | B.Dropped:
+                img_cfg: "I.ImageProcessorConfig | I.PlatformImageConfigs", ids: T.SpecialIds | None = None,
+                max_length: int | None = None, where: str | None = None,
+                prompt_only_length: bool = False) -> Sample | B.Dropped:
     """One training sample of ``record`` (``variant``: reasoning or direct twin);
-    ``where`` (file and index) labels a dropped record."""
+    ``where`` (file and index) labels a dropped record. ``img_cfg``: one processor config,
+    or one per platform (:class:`images.PlatformImageConfigs`). ``max_length`` bounds the
+    prompt + target tokens, or (``prompt_only_length``: an RL prompt, as the releases'
+    max_prompt_length) the prompt's alone."""
     if isinstance(record, B.Dropped):
         return record
     where = where or f"{record.trajectory_id}:{record.step}"
@@ -92,6 +104,7 @@ def make_sample(record: StepRecord | B.Dropped, variant: int, spec: SampleSpec, 
         image = I.load_image(record.image)
     except I.ImageLoadError as e:
         return B.Dropped(B.UNREADABLE_IMAGE, where, str(e))
+    img_cfg = I.config_for(img_cfg, record.platform)
     pixel_values, grid = I.preprocess_image(image, img_cfg)
     resized = (int(grid[2]) * img_cfg.patch_size, int(grid[1]) * img_cfg.patch_size)
     n_img = int(np.prod(grid)) // img_cfg.merge_size ** 2
@@ -100,8 +113,11 @@ def make_sample(record: StepRecord | B.Dropped, variant: int, spec: SampleSpec, 
         target, grounded = render_target(record, spec, resized, variant == REASONING_VARIANT)
     except ValueError as e:
         return B.Dropped(B.classify_record_error(str(e)), where, str(e))
-    enc = T.encode_sample(tokenizer, system, user, target, [n_img], grounded=grounded, ids=ids)
-    if max_length is not None and len(enc.input_ids) > max_length:
-        return B.Dropped("too_long", where, f"{len(enc.input_ids)} tokens > max_length {max_length}", bad=False)
+    enc = T.encode_sample(tokenizer, system, user, continue_prefix(target, spec), [n_img], grounded=grounded,
+                          ids=ids, generation_prefix=spec.generation_prefix, weighting=spec.weighting)
+    n = enc.prompt_len if prompt_only_length else len(enc.input_ids)
+    if max_length is not None and n > max_length:
+        what = "prompt tokens" if prompt_only_length else "tokens"
+        return B.Dropped("too_long", where, f"{n} {what} > max_length {max_length}", bad=False)
     return Sample(enc.input_ids, enc.segments, enc.prompt_len, pixel_values, grid, record.platform, where,
                   record.reward_target(), resized, tuple(image.size))

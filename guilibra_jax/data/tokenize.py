@@ -12,6 +12,10 @@ among the characters it covers (grounding > action > reasoning), found through t
 fast tokenizer's offsets. With Qwen's tokenizer every digit is its own token, so
 grounding is exactly the coordinate digits; a tokenizer that merges a digit with a
 bracket makes that token grounding.
+
+With ``weighting="release"`` (``loss.weighting``) target segments also carry the flags
+IN_ANSWER (4) and AFTER_POINT (8) of GUI-Libra's released weighting
+(:func:`target_weight_flags`); ``segment & PART_MASK`` is the part above either way.
 """
 
 from __future__ import annotations
@@ -26,18 +30,58 @@ from guilibra_jax.data import prompts as P
 
 PROMPT, REASONING, ACTION, GROUNDING = 0, 1, 2, 3
 SEGMENT_NAMES = {PROMPT: "prompt", REASONING: "reasoning", ACTION: "action", GROUNDING: "grounding"}
+# Release-weighting flags OR-ed onto target segments (weighting "release" only; the low two
+# bits keep the part above). GUI-Libra's SFT code (SFT/src/aguvis/dataset.py, use_action_weight)
+# multiplies the weight of tokens inside <answer> by action_weight and of every token after
+# "point_2d": by 2 x action_weight (see target_weight_flags).
+IN_ANSWER, AFTER_POINT = 4, 8
+PART_MASK = 3
+WEIGHTINGS = ("paper", "release")
 
 _THINK_SPAN_RE = re.compile(r"\A\s*(<(think|thinking)>.*?</\2>)", re.DOTALL)
+_OPENED_THINK_SPAN_RE = re.compile(r"\A(.*?</(think|thinking)>)", re.DOTALL)
 _NUM = r"(-?\d+(?:\.\d+)?)"
 _POINT_RE = re.compile(r'"point_2d":\s*\[\s*' + _NUM + r"\s*,\s*" + _NUM + r"\s*\]")
 _COORD_RE = re.compile(r'"coordinate2?":\s*\[\s*' + _NUM + r"\s*,\s*" + _NUM + r"\s*\]")
 
 
-def target_char_segments(target: str, *, grounded: bool = True) -> np.ndarray:
+_ANSWER_OPEN, _ANSWER_CLOSE, _POINT_KEY = "<answer", "</answer>", '"point_2d":'
+
+
+def target_weight_flags(target: str) -> np.ndarray:
+    """[len(target)] int8 character flags of GUI-Libra's released ASFT weighting:
+    IN_ANSWER from the ``>`` of the first ``<answer>`` up to the following ``</answer>``
+    (exclusive), AFTER_POINT from just after the first ``"point_2d":`` to the end.
+
+    The release finds these spans as token patterns (``tok("<answer>")[:-1]``,
+    ``tok("</answer>")[:-1]``, ``tok('"point_2d":')[1:]``) in the whole tokenised sequence;
+    on its pretty-printed answers (``<answer>\\n{...}\\n</answer>``) that is this span, token
+    for token. Here the spans are found in the target's characters, so they hold however
+    the tokenizer merges neighbours: with Qwen's BPE and a compact answer, ``]}</answer>``
+    tokenises as ``]}</`` + ``answer`` + ``>``, where the release's pattern for
+    ``</answer>`` finds nothing and its x2 silently vanishes. A token takes every flag
+    that one of its characters carries."""
+    flags = np.zeros(len(target), np.int8)
+    a = target.find(_ANSWER_OPEN + ">")
+    if a >= 0:
+        e = target.find(_ANSWER_CLOSE, a)
+        if e >= 0:
+            flags[a + len(_ANSWER_OPEN):e] |= IN_ANSWER
+    g = target.find(_POINT_KEY)
+    if g >= 0:
+        flags[g + len(_POINT_KEY):] |= AFTER_POINT
+    return flags
+
+
+def target_char_segments(target: str, *, grounded: bool = True, think_opened: bool = False) -> np.ndarray:
     """Segment id of every character of a target text (see module doc). ``grounded``
-    False (an action without a point) leaves point_2d numbers in ACTION."""
+    False (an action without a point) leaves point_2d numbers in ACTION. ``think_opened``:
+    the prompt opened the think block, so the target's reasoning runs from its start to
+    the first closing tag (included)."""
     seg = np.full(len(target), ACTION, np.int8)
     m = _THINK_SPAN_RE.match(target)
+    if m is None and think_opened:
+        m = _OPENED_THINK_SPAN_RE.match(target)
     if m:
         seg[m.start(1):m.end(1)] = REASONING
     body_start = m.end() if m else 0
@@ -84,15 +128,16 @@ class SpecialIds:
 
 
 def encode_prompt(tokenizer: Any, system: str, user: str, image_tokens: Sequence[int],
-                  ids: SpecialIds | None = None) -> np.ndarray:
-    """Token ids of the chat prompt (generation prompt included) with each
-    ``<image>`` placeholder of ``user`` expanded to ``image_tokens[k]`` pads."""
+                  ids: SpecialIds | None = None, generation_prefix: str = "") -> np.ndarray:
+    """Token ids of the chat prompt (generation prompt and ``generation_prefix``
+    included) with each ``<image>`` placeholder of ``user`` expanded to
+    ``image_tokens[k]`` pads."""
     ids = ids or SpecialIds.of(tokenizer)
     n_ph = user.count(P.IMAGE_PLACEHOLDER)
     if n_ph != len(image_tokens):
         raise ValueError(f"user turn has {n_ph} {P.IMAGE_PLACEHOLDER} placeholders but "
                          f"{len(image_tokens)} images")
-    text = P.chat_prompt_text(system, user.replace(P.IMAGE_PLACEHOLDER, P.vision_block(1)))
+    text = P.chat_prompt_text(system, user.replace(P.IMAGE_PLACEHOLDER, P.vision_block(1)), generation_prefix)
     raw = tokenizer(text, add_special_tokens=False)["input_ids"]
     out: list[int] = []
     k = 0
@@ -107,19 +152,24 @@ def encode_prompt(tokenizer: Any, system: str, user: str, image_tokens: Sequence
     return np.asarray(out, np.int32)
 
 
-def encode_target(tokenizer: Any, target: str, *, grounded: bool = True,
-                  add_end: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """(ids [n] int32, segments [n] int8) of a target text (+ ``<|im_end|>``)."""
+def encode_target(tokenizer: Any, target: str, *, grounded: bool = True, add_end: bool = True,
+                  think_opened: bool = False, weighting: str = "paper") -> tuple[np.ndarray, np.ndarray]:
+    """(ids [n] int32, segments [n] int8) of a target text (+ ``<|im_end|>``); with
+    ``weighting`` "release" the segments also carry :func:`target_weight_flags`."""
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"loss.weighting = {weighting!r} is invalid: expected one of {WEIGHTINGS}")
     text = target + (P.TARGET_END if add_end else "")
-    char_seg = target_char_segments(text, grounded=grounded)
+    char_seg = target_char_segments(text, grounded=grounded, think_opened=think_opened)
+    flags = target_weight_flags(text) if weighting == "release" else None
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     tok_ids = np.asarray(enc["input_ids"], np.int32)
     segs = np.empty(len(tok_ids), np.int8)
-    last = ACTION
+    last, last_flags = ACTION, 0
     for i, (s, e) in enumerate(enc["offset_mapping"]):
         if e > s:
             last = int(char_seg[s:e].max())
-        segs[i] = last
+            last_flags = int(np.bitwise_or.reduce(flags[s:e])) if flags is not None else 0
+        segs[i] = last | last_flags
     return tok_ids, segs
 
 
@@ -133,7 +183,12 @@ class EncodedText:
 
 
 def encode_sample(tokenizer: Any, system: str, user: str, target: str, image_tokens: Sequence[int], *,
-                  grounded: bool = True, ids: SpecialIds | None = None) -> EncodedText:
-    p = encode_prompt(tokenizer, system, user, image_tokens, ids)
-    t, s = encode_target(tokenizer, target, grounded=grounded)
+                  grounded: bool = True, ids: SpecialIds | None = None,
+                  generation_prefix: str = "", weighting: str = "paper") -> EncodedText:
+    """Prompt (ending with ``generation_prefix``) and target of one sample; a prefix that
+    opens the think block makes the target's reasoning start at its first token.
+    ``weighting`` "release" ORs :func:`target_weight_flags` onto the target segments."""
+    p = encode_prompt(tokenizer, system, user, image_tokens, ids, generation_prefix)
+    t, s = encode_target(tokenizer, target, grounded=grounded, think_opened=P.opens_think(generation_prefix),
+                         weighting=weighting)
     return EncodedText(np.concatenate([p, t]), np.concatenate([np.zeros(len(p), np.int8), s]), len(p))

@@ -1,4 +1,6 @@
 """Synthetic multi-platform GUI world (pure Python + PIL) for online evaluation and demos.
+(MiniWoB++ in headless Chromium, the optional real outside world: :mod:`.miniwob`, not
+imported here.)
 
     env = make_env("desktop" | "mobile", seed, screen_size=None)   # small screens by default
     obs = env.reset()                      # screenshot, instruction, history, platform, elements

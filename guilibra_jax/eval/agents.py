@@ -18,7 +18,8 @@ Adding an agent is one function::
 A trained model is the ``checkpoint`` agent of :mod:`guilibra_jax.eval.model_agent`.
 
 Built-ins: ``expert`` (the world's demonstrations), ``random`` (uniform over the
-platform's actions) and ``convention`` (the expert's plan, acted out with the *other*
+platform's actions), ``random_click`` (a click at a uniform point) and ``convention``
+(the expert's plan, acted out with the *other*
 platform's conventions; see :mod:`envs.expert`).
 """
 
@@ -148,7 +149,8 @@ class RandomAgent:
     KINDS = {"desktop": ("click", "double_click", "right_click", "type", "key", "scroll", "answer",
                          "terminate"),
              "mobile": ("click", "long_press", "type", "swipe", "back", "home", "open_app", "answer",
-                        "terminate")}
+                        "terminate"),
+             "web": ("click", "type", "key", "scroll", "answer")}
 
     def __init__(self, fmt: str = "guilibra", coord_space: str = "norm1000", seed: int = 0,
                  resized_size: ResizedSize = None):
@@ -191,6 +193,28 @@ class RandomAgent:
                              resized_size=self.resized_size)
 
 
+class RandomClickAgent:
+    """Clicks a uniformly random point of the screenshot (any platform): the chance level
+    of grounding. Deterministic given ``seed``."""
+
+    needs_world = False
+
+    def __init__(self, fmt: str = "guilibra", coord_space: str = "norm1000", seed: int = 0,
+                 resized_size: ResizedSize = None):
+        if fmt != "guilibra":
+            raise ValueError(f"random_click answers in GUI-Libra format only, got fmt={fmt!r}")
+        self.coord_space, self.resized_size = coord_space, resized_size
+        self.rng = random.Random(seed)
+
+    def reset(self, env) -> None:
+        pass
+
+    def __call__(self, obs: Observation) -> str:
+        pt = (round(self.rng.random(), 4), round(self.rng.random(), 4))
+        return render_action(A.Action("Click", "random click", None, pt), None, self.coord_space,
+                             obs.screen_size, resized_size=self.resized_size)
+
+
 @register_agent("expert")
 def _expert(**kw) -> Agent:
     return ExpertAgent(**kw)
@@ -199,6 +223,11 @@ def _expert(**kw) -> Agent:
 @register_agent("random")
 def _random(**kw) -> Agent:
     return RandomAgent(**kw)
+
+
+@register_agent("random_click")
+def _random_click(**kw) -> Agent:
+    return RandomClickAgent(**kw)
 
 
 @register_agent("convention")

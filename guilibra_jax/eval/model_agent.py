@@ -7,7 +7,7 @@
 
 ``workdir`` is a folder ``python -m launch.train`` wrote (``config.json``, the tokenizer,
 ``checkpoints/``); the model is built from its run config (``train.model_factory``) and
-its parameters restored from orbax (``train.checkpoint.restore_params``); a sweep
+its parameters restored from orbax (``train.checkpoint.restore_params_only``); a sweep
 (:func:`checkpoint_sweep`, ``steps`` "all" or a tuple) builds the model once and restores
 each step's parameters in turn (``CheckpointAgent.at_step``). ``hf_path`` is
 a folder of ``models.save_hf`` / the trainer's export, tokenizer included; it carries no
@@ -24,7 +24,9 @@ The model answers in its training format and coordinate space, exposed as attrib
 that ``eval.run`` scores this agent with: ``fmt`` "guilibra" (``<answer>`` JSON, run
 method guilibra) or "tool_call" (method mopd); ``coord_space`` the family's
 (qwen2_5_vl: pixels of the resized image, with ``resized_size`` a function of the image
-size; qwen3_vl: 0..1000). The ``fmt`` / ``coord_space`` / ``resized_size`` keywords that
+size and platform, under the run's pixel budgets ``data.pixels``; qwen3_vl: 0..1000). A
+prompt that opened the think block (``data.open_think``) gets ``<think>`` back in the
+response. The ``fmt`` / ``coord_space`` / ``resized_size`` keywords that
 ``eval.run`` passes every agent are therefore ignored.
 """
 
@@ -53,6 +55,7 @@ from guilibra_jax.train import checkpoint as C
 from guilibra_jax.train import data_source as DS
 from guilibra_jax.train import model_factory as MF
 from guilibra_jax.train import config as RC
+from guilibra_jax.train.export import RUN_CONFIG_FILE
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +149,7 @@ def _need_step(ckpt_dir: str, step: int, key: str = "step") -> None:
 def _restore(ckpt_dir: str, abstract_params: Any, step: int | None) -> tuple[int, Any]:
     """(step, params) of checkpoint ``step`` (None: the latest) of ``ckpt_dir``."""
     try:
-        return C.restore_params(ckpt_dir, abstract_params, step)
+        return C.restore_params_only(ckpt_dir, abstract_params, step)
     except FileNotFoundError as e:
         raise FileNotFoundError(f"{KEY}.workdir={os.path.dirname(ckpt_dir)!r}: {e}") from None
 
@@ -197,6 +200,7 @@ class CheckpointAgent:
         self.method = config.data.method
         self.fmt = METHOD_FORMAT[self.method]
         self.coord_space, self.resized_size = DS._family_coords(model_config, config.data)
+        self.think_opened = DS.think_opened(config, tokenizer)   # Thinking templates: prompt ends "<think>\n"
         stop = tuple(dict.fromkeys(i for i in (tokenizer.convert_tokens_to_ids("<|im_end|>"),
                                                tokenizer.eos_token_id) if i is not None))
         self.sampling = G.SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens,
@@ -259,8 +263,11 @@ class CheckpointAgent:
         return [self.decode(tokens[i, :lengths[i]]) for i in range(batch["num_samples"])]
 
     def decode(self, ids) -> str:
-        """Text of generated ids without the final stop token (``generate.decode_response``)."""
-        return G.decode_response(self.tokenizer, ids, self.sampling.stop_token_ids)
+        """Text of generated ids without the final stop token (``generate.decode_response``),
+        with ``<think>`` put back when the prompt opened it (``actions.reopen_think``), so
+        that scorers see the whole response."""
+        text = G.decode_response(self.tokenizer, ids, self.sampling.stop_token_ids)
+        return A.reopen_think(text, self.think_opened)
 
 
 @register_agent("checkpoint")
@@ -272,7 +279,8 @@ def make_checkpoint_agent(workdir: str = "", hf_path: str = "", step: int = -1, 
     """The agent of a training ``workdir`` (checkpoint ``step``; -1: the latest) or of a
     Hugging Face folder ``hf_path`` (exactly one). An ``hf_path`` takes its data
     settings from ``run_config`` (the training workdir it was exported from, or its
-    config.json), else from ``train.config.base_config``. ``method``,
+    config.json), else from the ``run_config.json`` our exports carry, else from
+    ``train.config.base_config``. ``method``,
     ``system_prompt``, ``min_pixels``, ``max_pixels``, ``max_length`` (length filter;
     the prompt bucket unless the run sets ``data.seq_buckets``) and ``dtype`` (compute)
     override the run config's ("" / 0: keep). ``fmt``, ``coord_space`` and
@@ -287,6 +295,8 @@ def make_checkpoint_agent(workdir: str = "", hf_path: str = "", step: int = -1, 
                          f"folder); got workdir={workdir!r}, hf_path={hf_path!r}")
     if workdir and run_config:
         raise ValueError(f"{KEY}.run_config={run_config!r} is for hf_path; a workdir has its own config.json")
+    if hf_path and not run_config and os.path.exists(os.path.join(hf_path, RUN_CONFIG_FILE)):
+        run_config = os.path.join(hf_path, RUN_CONFIG_FILE)   # our exports carry their run's config
     if workdir or run_config:
         config = load_run_config(workdir or run_config, "workdir" if workdir else "run_config")
     else:

@@ -30,6 +30,7 @@ alternative. Alternatives are misses for ``step_success`` (partial verifiability
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Callable, Iterable, Sequence
 
 from guilibra_jax import actions as A
@@ -170,19 +171,34 @@ def _groups(outcomes: Sequence[StepOutcome], key: Callable[[StepOutcome], str]) 
     return {k: summarize([o for o in outcomes if key(o) == k]) for k in keys}
 
 
+def resized_size_of(resized_size: Any, size: tuple[int, int], platform: str | None) -> Sequence[int] | None:
+    """``resized_size`` itself, or its value for an image of ``size``: a function of
+    (size, platform) gets both (the platform picks the pixel budget, ``data.images.
+    PixelBudgets``), a function of the size alone gets the size."""
+    if not callable(resized_size):
+        return resized_size
+    try:
+        params = list(inspect.signature(resized_size).parameters.values())
+    except (TypeError, ValueError):
+        return resized_size(size)
+    takes_two = len(params) >= 2 or any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+    return resized_size(size, platform) if takes_two else resized_size(size)
+
+
 def evaluate_offline(records: Sequence[N.StepRecord], responses: Iterable[str],
                      coord_space: str = "norm1000",
-                     resized_size: Sequence[int] | Callable[[tuple[int, int]], Sequence[int]] | None = None
+                     resized_size: Sequence[int] | Callable[..., Sequence[int]] | None = None
                      ) -> dict[str, Any]:
     """Metrics of ``responses`` (aligned with ``records``): overall, per platform, per
     label action type, and per (platform, action type). ``resized_size`` (for
-    coord_space "resized_pixels") is one (w, h) or a function of the image size."""
+    coord_space "resized_pixels") is one (w, h) or a function of the image size, or of
+    (image size, platform) (:func:`resized_size_of`)."""
     responses = list(responses)
     if len(responses) != len(records):
         raise ValueError(f"evaluate_offline: {len(records)} records but {len(responses)} responses")
     outcomes = []
     for rec, resp in zip(records, responses):
-        rs = resized_size(tuple(rec.image_size)) if callable(resized_size) else resized_size
+        rs = resized_size_of(resized_size, tuple(rec.image_size), rec.platform)
         outcomes.append(score_step(rec, resp, coord_space, rs))
     return {
         "overall": summarize(outcomes),

@@ -21,17 +21,18 @@ from typing import Any, Callable, Sequence
 
 from guilibra_jax.envs.env import make_env
 from guilibra_jax.envs.export import heldout_task_seeds
+from guilibra_jax.eval.offline import resized_size_of
 
-ResizedSize = Sequence[int] | Callable[[tuple[int, int]], Sequence[int]] | None
+ResizedSize = Sequence[int] | Callable[..., Sequence[int]] | None
 
 
 def run_episode(agent, platform: str, seed: int, *, max_steps: int = 15,
                 screen_size: Sequence[int] | None = None, coord_space: str = "norm1000",
                 resized_size: ResizedSize = None, save_dir: str | None = None) -> dict[str, Any]:
     """One episode; ``coord_space`` is the space of GUI-Libra responses' point_2d
-    (``resized_size``: (w, h) or a function of the screen size, for "resized_pixels")."""
+    (``resized_size``: (w, h) or a function (screen size, platform), for "resized_pixels")."""
     env = make_env(platform, seed, screen_size, max_steps=max_steps)
-    rs = resized_size(env.screen_size) if callable(resized_size) else resized_size
+    rs = resized_size_of(resized_size, tuple(env.screen_size), platform)
     obs = env.reset()
     if hasattr(agent, "reset"):
         agent.reset(env)
@@ -51,13 +52,17 @@ def run_episode(agent, platform: str, seed: int, *, max_steps: int = 15,
               "instruction": env.instruction, "success": env.success(), "steps": len(steps),
               "format": fmt, "needs_convention": env.needs_convention(fmt)}
     if save_dir is not None:
-        d = os.path.join(save_dir, env.task_id)
-        os.makedirs(d, exist_ok=True)
-        for k, img in enumerate(shots):
-            img.save(os.path.join(d, f"step_{k:02d}.png"))
-        with open(os.path.join(d, "trajectory.json"), "w", encoding="utf-8") as f:
-            json.dump({**result, "trajectory": steps}, f, indent=1)
+        save_episode(os.path.join(save_dir, env.task_id), shots, result, steps)
     return result
+
+
+def save_episode(folder: str, shots, result: dict[str, Any], steps: list[dict[str, Any]]) -> None:
+    """``folder/step_KK.png`` per screenshot (00 is the start) and ``trajectory.json``."""
+    os.makedirs(folder, exist_ok=True)
+    for k, img in enumerate(shots):
+        img.save(os.path.join(folder, f"step_{k:02d}.png"))
+    with open(os.path.join(folder, "trajectory.json"), "w", encoding="utf-8") as f:
+        json.dump({**result, "trajectory": steps}, f, indent=1)
 
 
 def _rate(results: list[dict[str, Any]]) -> float | None:

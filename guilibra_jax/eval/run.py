@@ -5,6 +5,9 @@ agent with ``agent_kwargs.checkpoint.steps`` set: one entry ``checkpoint@<step>`
 checkpoint of the run, in step order (``model_agent.checkpoint_sweep``: the model is
 built once, only the parameters change), joined as one series in the report.
 
+``config.world`` = "miniwob" plays MiniWoB++ tasks in headless Chromium instead (online
+only: per-task and macro success; ``config.miniwob``; :mod:`eval.online_miniwob`).
+
 Writes into the workdir: ``config.json`` (resolved), ``data/`` (when the config asks
 for the world's dataset to be exported), ``offline_<entry>.json`` (full offline
 metrics), ``online_<entry>.json`` (per-episode results), ``trajectories/<entry>/``
@@ -20,7 +23,9 @@ from typing import Any, Callable, Iterator
 
 from guilibra_jax import actions as A
 from guilibra_jax.envs.export import export_dataset, load_records
+from guilibra_jax.errors import ConfigError, UserError
 from guilibra_jax.eval import agents as AG
+from guilibra_jax.eval import endpoint_agent  # noqa: F401 (registers the "endpoint" agent)
 from guilibra_jax.eval import model_agent  # also registers the "checkpoint" agent
 from guilibra_jax.eval.offline import evaluate_offline
 from guilibra_jax.eval.online import evaluate_online
@@ -40,7 +45,7 @@ def resized_size_fn(config) -> Callable[[tuple[int, int]], tuple[int, int]] | No
         return None
     r = config.resize
     kw = {k: int(r[k]) for k in ("min_pixels", "max_pixels") if int(r[k]) > 0}
-    return lambda size: A.resized_size_for(size, r.family, **kw)
+    return lambda size, platform=None: A.resized_size_for(size, r.family, **kw)
 
 
 def _dataset(config, workdir: str) -> tuple[list, str]:
@@ -96,6 +101,8 @@ def _evaluate(config, workdir: str, name: str, agent, records, data_dir: str) ->
     space, resize = _scoring_space(config, agent)
     responses = AG.responses_for_records(agent, records, data_dir)
     offline = {**evaluate_offline(records, responses, space, resize), "coord_space": space}
+    if hasattr(agent, "stats"):      # e.g. the endpoint agent's requests by outcome
+        offline["requests"] = agent.stats()
     traj_dir = os.path.join(workdir, "trajectories", name) if config.online.save_trajectories else None
     online = evaluate_online(agent, tuple(config.platforms), config.online.episodes,
                              max_steps=config.online.max_steps, seed=config.data.seed,
@@ -110,10 +117,57 @@ def _evaluate(config, workdir: str, name: str, agent, records, data_dir: str) ->
     return {"name": name, "offline": offline, "online": online}
 
 
+WORLDS = ("synthetic", "miniwob")
+
+
+def _run_eval_miniwob(config, workdir: str) -> dict[str, Any]:
+    """Online success per MiniWoB++ task for each agent (``config.miniwob``; episodes from
+    ``online.episodes``, held-out seeds from ``data.seed`` / ``data.split_fraction``).
+    Writes ``online_<entry>.json`` and ``report.json`` (per-task and macro success)."""
+    from guilibra_jax.envs import miniwob as MW
+    from guilibra_jax.eval.online_miniwob import evaluate_miniwob
+    reason = MW.available()
+    if reason:
+        raise UserError(f"config.world=miniwob: {reason}")
+    m = config.miniwob
+    tasks = tuple(m.tasks) or MW.TASKS
+    unknown = sorted(set(tasks) - set(MW.TASKS))
+    if unknown:
+        raise ConfigError(f"config key miniwob.tasks has tasks without an expert: {unknown}; "
+                          f"expected some of {list(MW.TASKS)}")
+    browser = MW.Browser(scale=float(m.scale))
+    summary, report = {}, {"world": "miniwob", "tasks": list(tasks), "entries": []}
+    try:
+        for name, agent, series in _agents(config):
+            space, resize = _scoring_space(config, agent)
+            traj_dir = os.path.join(workdir, "trajectories", name) if config.online.save_trajectories else None
+            online = evaluate_miniwob(agent, tasks, config.online.episodes, seed=config.data.seed,
+                                      split_fraction=config.data.split_fraction, max_steps=int(m.max_steps),
+                                      coord_space=space, resized_size=resize, out_dir=traj_dir, browser=browser)
+            with open(os.path.join(workdir, f"online_{name}.json"), "w", encoding="utf-8") as f:
+                json.dump(online, f, indent=1)
+            o = online["overall"]
+            logging.info("%s: macro success %.3f over %d tasks", name, o["macro_success"], len(tasks))
+            summary[name] = {"online_macro_success": o["macro_success"], "online_micro_success": o["micro_success"]}
+            report["entries"].append({"name": name, "series": series, "seeds": online["seeds"],
+                                      "seconds": online["seconds"], **o})
+    finally:
+        browser.close()
+    path = os.path.join(workdir, "report.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=1)
+    return {"report": path, "summary": summary}
+
+
 def run_eval(config, workdir: str) -> dict[str, Any]:
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
         f.write(config.to_json(indent=1))
+    world = config.get("world", "synthetic")
+    if world not in WORLDS:
+        raise ConfigError(f"config key world = {world!r} is invalid: expected one of {WORLDS}")
+    if world == "miniwob":
+        return _run_eval_miniwob(config, workdir)
     records, data_dir = _dataset(config, workdir)
     entries = []
     for name, agent, series in _agents(config):

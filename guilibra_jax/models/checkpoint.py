@@ -7,6 +7,7 @@ the layout the family's released checkpoints use.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -20,7 +21,8 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.flax import save_file
 
-from guilibra_jax.models.config import ModelConfig
+from guilibra_jax.errors import UserError
+from guilibra_jax.models.config import FAMILIES, ModelConfig
 from guilibra_jax.models.model import QwenVL
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
@@ -28,8 +30,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "mer
                    "video_preprocessor_config.json", "processor_config.json", "generation_config.json")
 
 
-class CheckpointError(ValueError):
-  """A tensor is missing, unexpected or mis-shaped; the message names the tensor and the file."""
+class CheckpointError(UserError):
+  """A checkpoint folder we cannot use: a missing shard, a tensor missing, unexpected or
+  mis-shaped, an unsupported architecture, a tokenizer of another model. The message
+  names the file (and the tensor or token)."""
 
 
 # ----------------------------------------------------------------------------- names
@@ -120,28 +124,115 @@ def _tensor_files(path: str) -> dict[str, str]:
   """tensor name (as in the files) -> file path."""
   index = os.path.join(path, "model.safetensors.index.json")
   if os.path.exists(index):
-    with open(index) as f:
-      weight_map = json.load(f)["weight_map"]
-    return {k: os.path.join(path, v) for k, v in weight_map.items()}
+    try:
+      with open(index) as f:
+        weight_map = json.load(f)["weight_map"]
+    except (ValueError, KeyError) as e:
+      raise CheckpointError(f"{index} is not a safetensors index (a JSON object with a 'weight_map'): {e}") from None
+    files = {k: os.path.join(path, v) for k, v in weight_map.items()}
+    for shard in sorted(set(files.values())):
+      if not os.path.exists(shard):
+        names = sorted(k for k, v in files.items() if v == shard)
+        raise CheckpointError(f"shard {shard} is missing: {index} maps {len(names)} tensors to it (first: "
+                              f"{names[0]!r}); copy the whole checkpoint folder")
+    return files
   single = os.path.join(path, "model.safetensors")
   if not os.path.exists(single):
-    raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json")
+    raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json")
   with safe_open(single, framework="flax") as f:
     return {k: single for k in f.keys()}
 
 
-def load_hf(path: str, dtype=jnp.float32, param_dtype=jnp.float32, **model_kwargs) -> tuple[QwenVL, ModelConfig]:
+_EMBED = "model.language_model.embed_tokens.weight"
+
+
+def _untie_if_distinct_head(config: ModelConfig, files: dict, by_canonical: dict) -> ModelConfig:
+  """As transformers' ``from_pretrained``: a config that says tied while the files hold an
+  ``lm_head.weight`` different from the input embeddings loads untied (both kept)."""
+  if not config.tie_word_embeddings or "lm_head.weight" not in by_canonical or _EMBED not in by_canonical:
+    return config
+  head, embed = by_canonical["lm_head.weight"], by_canonical[_EMBED]
+  with safe_open(files[head], framework="flax") as f:
+    a = f.get_tensor(head)
+  with safe_open(files[embed], framework="flax") as f:
+    b = f.get_tensor(embed)
+  if a.shape == b.shape and bool(jnp.array_equal(a, b)):
+    return config
+  return dataclasses.replace(config, tie_word_embeddings=False)
+
+
+def read_config(path: str) -> ModelConfig:
+  """The ModelConfig of a checkpoint folder; CheckpointError naming config.json when it
+  is absent, unreadable, or describes an architecture we do not implement."""
+  cfg_path = os.path.join(path, "config.json")
+  if not os.path.exists(cfg_path):
+    raise CheckpointError(f"{path}: no config.json (not a Hugging Face checkpoint folder)")
+  try:
+    with open(cfg_path) as f:
+      cfg = json.load(f)
+  except ValueError as e:
+    raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from None
+  if cfg.get("model_type") not in FAMILIES:
+    raise CheckpointError(f"{cfg_path}: model_type {cfg.get('model_type')!r} (architectures "
+                          f"{cfg.get('architectures')}) is not supported; expected one of {FAMILIES} "
+                          f"(Qwen2_5_VLForConditionalGeneration, Qwen3VLForConditionalGeneration)")
+  try:
+    return ModelConfig.from_hf(cfg)
+  except KeyError as e:
+    raise CheckpointError(f"{cfg_path} lacks the key {e.args[0]!r} that a {cfg['model_type']} config needs") from None
+  except ValueError as e:
+    raise CheckpointError(f"{cfg_path}: {e}") from None
+
+
+SPECIAL_TOKENS = {"<|image_pad|>": "image_token_id", "<|video_pad|>": "video_token_id",
+                  "<|vision_start|>": "vision_start_token_id", "<|vision_end|>": "vision_end_token_id"}
+
+
+def check_tokenizer_files(path: str, config: ModelConfig) -> None:
+  """If ``path`` holds a tokenizer.json, check that it belongs to the model: Qwen's
+  vision tokens have the ids config.json gives them, and every token id has a row in
+  the embedding. CheckpointError naming the file, the token or the tensor otherwise."""
+  tok_path = os.path.join(path, "tokenizer.json")
+  if not os.path.exists(tok_path):
+    return
+  try:
+    with open(tok_path) as f:
+      tok = json.load(f)
+  except ValueError as e:
+    raise CheckpointError(f"{tok_path} is not valid JSON: {e}") from None
+  ids = {t["content"]: int(t["id"]) for t in tok.get("added_tokens") or []}
+  vocab = (tok.get("model") or {}).get("vocab") or {}
+  for token, key in SPECIAL_TOKENS.items():
+    found = ids.get(token, vocab.get(token) if isinstance(vocab, dict) else None)
+    if found is not None and found != getattr(config, key):
+      raise CheckpointError(f"{tok_path}: token {token} has id {found} but config.json {key} is "
+                            f"{getattr(config, key)}: the tokenizer belongs to another model")
+  n_ids = 1 + max([*ids.values(), *(vocab.values() if isinstance(vocab, dict) else [len(vocab) - 1]), -1])
+  if n_ids > config.text.vocab_size:
+    raise CheckpointError(f"{tok_path} holds token ids up to {n_ids - 1} but tensor "
+                          f"{file_name('model.language_model.embed_tokens.weight', config.family)!r} has "
+                          f"{config.text.vocab_size} rows (config.json vocab_size): the tokenizer belongs to "
+                          f"another model")
+
+
+def load_hf(path: str, dtype=jnp.float32, param_dtype=jnp.float32, mesh=None, **model_kwargs
+            ) -> tuple[QwenVL, ModelConfig]:
   """Load a local HF checkpoint folder (config.json + single or sharded safetensors).
 
-  model_kwargs go to QwenVL (remat, scan_layers). Raises CheckpointError naming the tensor
-  and file on a missing, unexpected or mis-shaped tensor.
+  model_kwargs go to QwenVL (remat, scan_layers). Tensors are read and converted on the
+  host one parameter at a time; with ``mesh`` each parameter goes straight to its sharding
+  (``sharding.param_shardings``), so no device ever holds the whole model (every process
+  of a multi-host run reads the files and keeps its own shards). Raises CheckpointError
+  naming the tensor and file on a missing, unexpected or mis-shaped tensor.
   """
   path = os.fspath(path)
-  config = ModelConfig.from_hf(path)
-  abstract = nnx.eval_shape(lambda: QwenVL(config, dtype=dtype, param_dtype=param_dtype, **model_kwargs))
-  gdef, state = nnx.split(abstract)
+  config = read_config(path)
+  check_tokenizer_files(path, config)
   files = _tensor_files(path)
   by_canonical = {canonical_name(k): k for k in files}
+  config = _untie_if_distinct_head(config, files, by_canonical)
+  abstract = nnx.eval_shape(lambda: QwenVL(config, dtype=dtype, param_dtype=param_dtype, **model_kwargs))
+  gdef, state = nnx.split(abstract)
   entries = list(_entries(state, config))
   expected = {e[0] for e in entries}
   unexpected = sorted(k for k in by_canonical if k not in expected and not (
@@ -158,33 +249,55 @@ def load_hf(path: str, dtype=jnp.float32, param_dtype=jnp.float32, **model_kwarg
   handles: dict[str, object] = {}
   stacked: dict[tuple, list] = {}
   flat = dict((tuple(p), v) for p, v in nnx.to_flat_state(state))
+  place = _placer(state, mesh)
   values: dict[tuple, jax.Array] = {}
   try:
     for name, spath, layer, kind in entries:
       key = by_canonical[name]
       fpath = files[key]
       if fpath not in handles:
-        handles[fpath] = safe_open(fpath, framework="flax").__enter__()
+        handles[fpath] = safe_open(fpath, framework="numpy").__enter__()
       tensor = handles[fpath].get_tensor(key)
       target = flat[spath]
       tshape = tuple(target.shape[1:]) if layer is not None else tuple(target.shape)
       want = _hf_shape_of(tshape, kind, config)
       if tuple(tensor.shape) != want:
         raise CheckpointError(f"tensor {key!r} in {fpath} has shape {tuple(tensor.shape)}, expected {want}")
-      arr = _from_hf(jnp.asarray(tensor), kind, tshape).astype(param_dtype)
+      arr = np.ascontiguousarray(_from_hf(tensor, kind, tshape)).astype(param_dtype)
       if layer is None:
-        values[spath] = arr
+        values[spath] = place(spath, arr)
       else:
-        stacked.setdefault(spath, [None] * config.text.num_layers)[layer] = arr
+        layers = stacked.setdefault(spath, [None] * config.text.num_layers)
+        layers[layer] = arr
+        if all(x is not None for x in layers):  # the last layer of a stacked parameter
+          values[spath] = place(spath, np.stack(layers))
+          del stacked[spath]
   finally:
     for h in handles.values():
       h.__exit__(None, None, None)
-  for spath, arrs in stacked.items():
-    values[spath] = jnp.stack(arrs)
   for spath, var in flat.items():
     var.set_value(values[spath])
   model = nnx.merge(gdef, nnx.from_flat_state(flat))
   return model, config
+
+
+def _placer(state, mesh):
+  """(state path, host array) -> device array: on the default device, or in the
+  parameter's sharding on ``mesh``."""
+  if mesh is None:
+    return lambda spath, arr: jnp.asarray(arr)
+  from guilibra_jax import sharding as S
+  flat_sh = dict(_flat_items(S.param_shardings(state, mesh, log=False)))
+  return lambda spath, arr: S.put_host(arr, flat_sh[spath])
+
+
+def _flat_items(tree, prefix=()):
+  """(path tuple, leaf) of a nested dict."""
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      yield from _flat_items(v, prefix + (k,))
+    else:
+      yield prefix + (k,), v
 
 
 # ----------------------------------------------------------------------------- save

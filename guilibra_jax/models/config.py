@@ -154,7 +154,7 @@ class ModelConfig:
         num_position_embeddings=vc.get("num_position_embeddings", 0),
         deepstack_visual_indexes=tuple(vc.get("deepstack_visual_indexes", ())),
     )
-    tie = bool(cfg.get("tie_word_embeddings", False) or (cfg.get("text_config") or {}).get("tie_word_embeddings", False))
+    tie = tie_word_embeddings_of(cfg, family)
     return cls(
         family=family, text=text, vision=vision,
         image_token_id=cfg.get("image_token_id", 151655),
@@ -176,7 +176,7 @@ class ModelConfig:
         "max_position_embeddings": t.max_position_embeddings,
         "bos_token_id": t.bos_token_id, "eos_token_id": t.eos_token_id, "pad_token_id": t.pad_token_id,
         "model_type": f"{self.family}_text", "attention_dropout": 0.0, "initializer_range": 0.02,
-        "use_cache": True,
+        "use_cache": True, "tie_word_embeddings": self.tie_word_embeddings,  # both flags agree
     }
     vision = {
         "depth": v.depth, "hidden_size": v.hidden_size, "intermediate_size": v.intermediate_size,
@@ -204,6 +204,19 @@ class ModelConfig:
         "vision_end_token_id": self.vision_end_token_id,
         "tie_word_embeddings": self.tie_word_embeddings,
     }
+
+
+def tie_word_embeddings_of(cfg: dict, family: str) -> bool:
+  """Whether transformers 5 ties lm_head to the input embeddings for this config.json dict.
+
+  Qwen3-VL: the top-level flag alone decides (absent = untied); a ``text_config`` flag is
+  ignored. Qwen2.5-VL: the top-level flag, or (pre-v5 files) ``text_config``'s when the
+  top-level one is false, as ``Qwen2_5_VLConfig`` forwards it.
+  """
+  top = bool(cfg.get("tie_word_embeddings", False))
+  if family == "qwen3_vl":
+    return top
+  return top or bool((cfg.get("text_config") or {}).get("tie_word_embeddings", False))
 
 
 # ---------------------------------------------------------------- named configs

@@ -125,7 +125,7 @@ def gather_images(batch: dict, mesh, model_config: Any, *, micro_axis: bool = Tr
                          f"but pixel_values holds only {p_local} patches ({p_local // mu} merged tokens)")
     # per process: B, T, P, its first row in the global batch, consumed patches per micro-batch
     meta = multihost_utils.process_allgather(
-        np.array([*ids.shape[1:], p_local, _first_global_row(mesh, ids.shape[1]), *consumed], np.int64))
+        np.array([*ids.shape[1:], p_local, first_global_row(mesh, ids.shape[1]), *consumed], np.int64))
     shapes, p_all, first_rows, consumed_all = meta[:, :2], meta[:, 2], meta[:, 3], meta[:, 4:]
     if (shapes != shapes[0]).any():
         raise ValueError(f"token arrays [B, T] differ across processes: {shapes.tolist()}; every process "
@@ -202,7 +202,7 @@ def _pad_rows(x: np.ndarray, n: int) -> np.ndarray:
     return np.pad(x, [(0, 0), (0, n - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
 
 
-def _first_global_row(mesh, local_rows: int) -> int:
+def first_global_row(mesh, local_rows: int) -> int:
     """Index in the global batch of this process's first row (rows of one process are
     contiguous there: make_array_from_process_local_data fills its devices' shards)."""
     global_rows = local_rows * jax.process_count()

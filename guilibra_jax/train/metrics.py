@@ -1,13 +1,36 @@
-"""Run logging: metrics.jsonl always, TensorBoard when installed, a progress line."""
+"""Run logging: one writer for ``metrics.jsonl`` (always), TensorBoard and Weights &
+Biases (optional), and a progress bar.
+
+* TensorBoard scalars go through ``tensorboardX`` (a maintained, framework-free event
+  writer: numpy + protobuf; ``pip install -e .[tensorboard]``). ``train.tensorboard``:
+  ``"auto"`` writes them when tensorboardX is installed and warns once, naming the
+  install, when it is not; ``True`` makes a missing package an error; ``False`` is off.
+  (``clu.metric_writers`` was the other candidate: its package imports TensorFlow for
+  TensorBoard, or torch.)
+* W&B (``pip install -e .[wandb]``) when ``train.wandb.project`` is set: the run's
+  config, every logged row, ``mode="offline"`` needs no network (``wandb sync`` later).
+  The W&B run id is kept in the workdir, so a resumed run continues the same W&B run.
+* :class:`Progress`: a tqdm bar with the loss, tokens/s and the ETA on a terminal, the
+  same line (one per log step) in a log file.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import secrets
 import sys
 import time
 from typing import Any, Mapping
+
+from guilibra_jax.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+TENSORBOARD_MODES = ("auto", True, False)
+WANDB_MODES = ("online", "offline", "disabled")
 
 
 def _scalar(v: Any) -> float | int | None:
@@ -18,13 +41,30 @@ def _scalar(v: Any) -> float | int | None:
     return int(f) if f.is_integer() and abs(f) < 2**53 else f
 
 
-class MetricsWriter:
-    """Appends one JSON object per logged step to ``workdir/metrics.jsonl``."""
+def _tensorboard_mode(value: Any) -> Any:
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if value not in TENSORBOARD_MODES or isinstance(value, (int, float)) and not isinstance(value, bool):
+        raise ConfigError(f"config key train.tensorboard = {value!r} is invalid: expected 'auto', True or False")
+    return value
 
-    def __init__(self, workdir: str, *, enabled: bool = True, tensorboard: bool = True):
+
+class MetricsWriter:
+    """Appends one JSON object per logged step to ``workdir/metrics.jsonl`` and sends
+    the numeric values to TensorBoard and W&B when configured (module docstring).
+
+    ``wandb``: a mapping with ``project`` (empty: off), ``entity``, ``name``, ``mode``
+    (online | offline | disabled), ``tags``; ``config``: the run config W&B records.
+    """
+
+    def __init__(self, workdir: str, *, enabled: bool = True, tensorboard: Any = "auto",
+                 wandb: Mapping[str, Any] | None = None, config: Any = None):
         self.enabled = enabled
+        self.workdir = workdir
         self.path = os.path.join(workdir, "metrics.jsonl")
-        self._tb = _tensorboard_writer(os.path.join(workdir, "tensorboard")) if enabled and tensorboard else None
+        mode = _tensorboard_mode(tensorboard)
+        self._tb = _tensorboard_writer(os.path.join(workdir, "tensorboard"), mode) if enabled and mode else None
+        self._wandb = _wandb_run(workdir, wandb, config) if enabled and wandb and wandb.get("project") else None
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> dict:
         row = {"step": int(step)}
@@ -37,79 +77,107 @@ class MetricsWriter:
         if self.enabled:
             with open(self.path, "a") as f:
                 f.write(json.dumps(row) + "\n")
+            numeric = {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}
             if self._tb is not None:
-                self._tb.add_scalars({k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))},
-                                     step)
+                for k, v in numeric.items():
+                    self._tb.add_scalar(k, v, step)
+                self._tb.flush()
+            if self._wandb is not None:
+                self._wandb.log(numeric, step=int(step))
         return row
 
     def close(self):
         if self._tb is not None:
             self._tb.close()
+            self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
 
 
-class _EventWriter:
-    """TensorBoard scalars through the ``tensorboard`` package's own event-file writer
-    (no TensorFlow, torch or tensorboardX needed)."""
-
-    def __init__(self, logdir: str):
-        from tensorboard.compat.proto.event_pb2 import Event
-        from tensorboard.compat.proto.summary_pb2 import Summary
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
-        self._event, self._summary = Event, Summary
-        self._writer = EventFileWriter(logdir)
-
-    def add_scalars(self, values: Mapping[str, float], step: int) -> None:
-        summary = self._summary(value=[self._summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()])
-        self._writer.add_event(self._event(wall_time=time.time(), step=int(step), summary=summary))
-        self._writer.flush()
-
-    def close(self) -> None:
-        self._writer.close()
-
-
-def _tensorboard_writer(logdir: str):
-    """A scalar writer when ``tensorboard`` is installed, else None (metrics.jsonl only)."""
+def _tensorboard_writer(logdir: str, mode: Any):
+    """A tensorboardX SummaryWriter, or None (``"auto"`` without the package: warned)."""
     try:
-        return _EventWriter(logdir)
+        from tensorboardX import SummaryWriter
     except ImportError:
+        msg = ("TensorBoard logging needs the tensorboardX package: pip install 'guilibra_jax[tensorboard]' "
+               "(or pip install tensorboardX)")
+        if mode is True:
+            raise ConfigError(f"config key train.tensorboard = True: {msg}; or set train.tensorboard=auto / False")
+        log.warning("%s; metrics go to metrics.jsonl only (train.tensorboard=False silences this)", msg)
         return None
+    return SummaryWriter(logdir=logdir, flush_secs=30)
+
+
+def _wandb_run(workdir: str, cfg: Mapping[str, Any], config: Any):
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError(f"config key train.wandb.project = {cfg.get('project')!r} asks for Weights & Biases, "
+                          f"which is not installed: pip install 'guilibra_jax[wandb]' (or pip install wandb)") from None
+    mode = cfg.get("mode") or "online"
+    if mode not in WANDB_MODES:
+        raise ConfigError(f"config key train.wandb.mode = {mode!r} is invalid: expected one of {WANDB_MODES}")
+    id_path = os.path.join(workdir, "wandb_run_id.txt")
+    if os.path.exists(id_path):
+        with open(id_path) as f:
+            run_id = f.read().strip()
+    else:
+        run_id = secrets.token_hex(4)     # W&B ids: lowercase letters and digits
+        with open(id_path, "w") as f:
+            f.write(run_id)
+    config_dict = config.to_dict() if hasattr(config, "to_dict") else (dict(config) if config else None)
+    return wandb.init(project=cfg["project"], entity=cfg.get("entity") or None,
+                      name=cfg.get("name") or os.path.basename(os.path.abspath(workdir)),
+                      tags=list(cfg.get("tags") or ()) or None, dir=workdir, mode=mode, id=run_id,
+                      resume="allow", config=config_dict)
+
+
+def writer_for_run(config: Any, workdir: str, *, enabled: bool = True) -> MetricsWriter:
+    """The run's writer as ``config.train`` asks (tensorboard, wandb)."""
+    tc = config.train
+    wandb = tc.get("wandb", None)
+    return MetricsWriter(workdir, enabled=enabled, tensorboard=tc.get("tensorboard", "auto"),
+                         wandb=dict(wandb) if wandb else None, config=config)
 
 
 class Progress:
-    """A progress bar with ETA on a terminal, plain log lines otherwise."""
+    """A tqdm progress bar (steps, ETA, loss, tokens/s) on a terminal; on a stream that
+    is not one (a log file), tqdm's same line once per update."""
 
     def __init__(self, total: int, start: int = 0, *, enabled: bool = True, stream=None):
+        from tqdm.auto import tqdm
+        self._tqdm = tqdm
         self.total, self.start = total, start
-        self.t0 = time.time()
         self.stream = stream or sys.stderr
         self.enabled = enabled
         self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.t0 = time.time()
+        self._bar = tqdm(total=total, initial=start, unit="step", file=self.stream, dynamic_ncols=True,
+                         smoothing=0.1) if self.tty else None
+
+    @staticmethod
+    def postfix(row: Mapping[str, Any]) -> str:
+        parts = []
+        loss = row.get("loss")
+        if loss is not None:
+            parts.append(f"loss={loss:.4f}" if isinstance(loss, (int, float)) else f"loss={loss}")
+        if isinstance(row.get("tokens_per_s"), (int, float)):
+            parts.append(f"tok/s={row['tokens_per_s']:.0f}")
+        return ", ".join(parts)
 
     def update(self, step: int, row: Mapping[str, Any]) -> None:
         if not self.enabled:
             return
-        done = step - self.start
-        rate = done / max(time.time() - self.t0, 1e-9)
-        eta = (self.total - step) / rate if rate > 0 else float("inf")
-        loss = row.get("loss")
-        loss_s = f"{loss:.4f}" if isinstance(loss, (int, float)) else str(loss)
-        msg = f"step {step}/{self.total} loss {loss_s} | {rate:.2f} it/s | eta {_fmt(eta)}"
-        if self.tty:
-            width = 24
-            filled = int(width * step / max(self.total, 1))
-            self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {msg}   ")
-        else:
-            self.stream.write(msg + "\n")
+        if self._bar is not None:
+            self._bar.set_postfix_str(self.postfix(row), refresh=False)
+            self._bar.update(step - self._bar.n)
+            return
+        line = self._tqdm.format_meter(step, self.total, time.time() - self.t0, unit="step", initial=self.start,
+                                       postfix=self.postfix(row) or None)
+        self.stream.write(line + "\n")
         self.stream.flush()
 
     def close(self):
-        if self.tty:
-            self.stream.write("\n")
-
-
-def _fmt(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    m, s = divmod(int(seconds), 60)
-    h, m = divmod(m, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+        if self._bar is not None:
+            self._bar.close()

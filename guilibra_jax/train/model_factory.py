@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from guilibra_jax import models as M
+from guilibra_jax.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,10 @@ def _default_section(head_dim: int) -> tuple[int, int, int]:
     return (t, h, half - t - h)
 
 
-def build_model(config: Any, tokenizer) -> tuple[M.QwenVL, M.ModelConfig]:
-    """(model, model_config) as ``config.model`` describes."""
+def build_model(config: Any, tokenizer, mesh=None) -> tuple[M.QwenVL, M.ModelConfig]:
+    """(model, model_config) as ``config.model`` describes. With ``mesh`` the parameters
+    are created (random init) or loaded (``model.hf_path``) straight into their shardings,
+    so no device ever holds the whole model."""
     mc = config.model
     dtype = dtype_of(mc.dtype, "model.dtype")
     param_dtype = dtype_of(mc.param_dtype, "model.param_dtype")
@@ -71,14 +74,63 @@ def build_model(config: Any, tokenizer) -> tuple[M.QwenVL, M.ModelConfig]:
     if mc.hf_path:
         if not os.path.isdir(mc.hf_path):
             raise FileNotFoundError(f"model.hf_path: {mc.hf_path!r} is not a folder")
-        model, model_config = M.load_hf(mc.hf_path, **kw)
-        return model, model_config
+        return M.load_hf(mc.hf_path, mesh=mesh, **kw)
+    model_config = model_config_of(config, tokenizer)
+    make = lambda: M.QwenVL(model_config, rngs=nnx.Rngs(mc.seed), **kw)
+    if mesh is None:
+        return make(), model_config
+    # Random init runs eagerly on the host CPU (a jitted init of a whole model compiles for
+    # minutes), then each parameter goes to its sharding; every process computes the same values.
+    from guilibra_jax import sharding as S
+    with jax.default_device(_host_device()):
+        model = make()
+    graphdef, state, rest = nnx.split(model, nnx.Param, ...)
+    params = jax.tree.map(S.put_host, jax.device_get(nnx.to_pure_dict(state)), S.param_shardings(state, mesh))
+    nnx.replace_by_pure_dict(state, params)
+    return nnx.merge(graphdef, state, rest), model_config
+
+
+def _host_device():
+    """This process's CPU device (jax.devices() lists every process's devices)."""
+    try:
+        return jax.local_devices(backend="cpu")[0]
+    except RuntimeError:  # no CPU backend: the default device
+        return jax.local_devices()[0]
+
+
+def model_kwargs(config: Any, dtype: str | None = None) -> dict:
+    """QwenVL keyword arguments of ``config.model`` (``dtype`` overrides compute and param dtype)."""
+    mc = config.model
+    return dict(dtype=dtype_of(dtype or mc.dtype, "model.dtype"),
+                param_dtype=dtype_of(dtype or mc.param_dtype, "model.param_dtype"), remat=mc.remat,
+                scan_layers=mc.scan_layers)
+
+
+def abstract_model(model_config: M.ModelConfig, mesh, **kw) -> tuple[Any, dict, dict]:
+    """(graphdef, abstract params, their shardings) without allocating anything: the
+    params are ShapeDtypeStructs carrying their shardings on ``mesh``."""
+    from guilibra_jax import sharding as S
+    graphdef, state, _ = nnx.split(nnx.eval_shape(lambda: M.QwenVL(model_config, rngs=nnx.Rngs(0), **kw)),
+                                   nnx.Param, ...)
+    shardings = S.param_shardings(state, mesh, log=False)
+    params = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                          nnx.to_pure_dict(state), shardings)
+    return graphdef, params, shardings
+
+
+def model_config_of(config: Any, tokenizer) -> M.ModelConfig:
+    """The ModelConfig of ``config.model`` without building the model (a tiny config follows
+    ``tokenizer``; a named size is fixed; an HF folder's config.json)."""
+    mc = config.model
+    if mc.hf_path:
+        return M.ModelConfig.from_hf(mc.hf_path)
     if mc.name == "tiny":
-        model_config = tiny_model_config(mc.tiny, tokenizer)
-    else:
-        model_config = M.named_config(mc.name)
-    model = M.QwenVL(model_config, rngs=nnx.Rngs(mc.seed), **kw)
-    return model, model_config
+        return tiny_model_config(mc.tiny, tokenizer)
+    try:
+        return M.named_config(mc.name)
+    except KeyError as e:
+        raise ConfigError(f"config key model.name = {mc.name!r} is invalid: expected 'tiny' or a named size "
+                          f"({e.args[0]})") from None
 
 
 def load_tokenizer(path: str):
@@ -88,8 +140,14 @@ def load_tokenizer(path: str):
     return AutoTokenizer.from_pretrained(path)
 
 
-def export(graphdef, params, model_config: M.ModelConfig, tokenizer, path: str) -> str:
-    """Write params as a Hugging Face folder (config, safetensors, tokenizer)."""
+def export(graphdef, params, model_config: M.ModelConfig, tokenizer, path: str, config: Any = None) -> str:
+    """Write params as a Hugging Face folder. With the run ``config``: the complete
+    export of :func:`guilibra_jax.train.export.export_model` (tokenizer, chat template,
+    preprocessor and generation configs with the run's pixels and stop ids); without
+    it, only config.json, safetensors and the tokenizer."""
+    if config is not None:
+        from guilibra_jax.train.export import export_model
+        return export_model(graphdef, params, model_config, tokenizer, path, config)
     model = nnx.merge(graphdef, params)
     M.save_hf(model, model_config, path)
     if tokenizer is not None:
@@ -97,12 +155,14 @@ def export(graphdef, params, model_config: M.ModelConfig, tokenizer, path: str) 
     return path
 
 
-def load_frozen(path: str, *, dtype: str = "bfloat16", param_dtype: str = "bfloat16", step: int | None = None
-                ) -> tuple[Any, Any, M.ModelConfig]:
+def load_frozen(path: str, *, dtype: str = "bfloat16", param_dtype: str = "bfloat16", step: int | None = None,
+                mesh=None) -> tuple[Any, Any, M.ModelConfig]:
     """(graphdef, params, model_config) of a model that is only scored (a GRPO reference,
     a MOPD teacher, an evaluated checkpoint), from a Hugging Face folder (config.json +
     safetensors) or a training workdir of ours (config.json + tokenizer/ + checkpoints/;
-    the latest checkpoint, or ``step``). No optimizer state is kept."""
+    the latest checkpoint, or ``step``). No optimizer state is kept. With ``mesh`` the
+    parameters are loaded straight into their shardings."""
+    from guilibra_jax import sharding as S
     from guilibra_jax.train import checkpoint as C
     from guilibra_jax.train import config as run_config
 
@@ -111,7 +171,7 @@ def load_frozen(path: str, *, dtype: str = "bfloat16", param_dtype: str = "bfloa
     has_weights = any(f.endswith(".safetensors") for f in os.listdir(path))
     if has_weights:
         model, model_config = M.load_hf(path, dtype=dtype_of(dtype, "dtype"),
-                                        param_dtype=dtype_of(param_dtype, "param_dtype"))
+                                        param_dtype=dtype_of(param_dtype, "param_dtype"), mesh=mesh)
         graphdef, pstate, _ = nnx.split(model, nnx.Param, ...)
         return graphdef, nnx.to_pure_dict(pstate), model_config
     ckpt_dir = os.path.join(path, "checkpoints")
@@ -122,9 +182,16 @@ def load_frozen(path: str, *, dtype: str = "bfloat16", param_dtype: str = "bfloa
     tok_dir = run.tokenizer.path or run.model.hf_path or os.path.join(path, "tokenizer")
     tokenizer = load_tokenizer(tok_dir)
     run.model.dtype, run.model.param_dtype = dtype, param_dtype
-    model, model_config = build_model(run, tokenizer)
-    graphdef, pstate, _ = nnx.split(model, nnx.Param, ...)
-    _, params = C.restore_params(ckpt_dir, nnx.to_pure_dict(pstate), step)
+    model_config = model_config_of(run, tokenizer)
+    kw = dict(dtype=dtype_of(dtype, "dtype"), param_dtype=dtype_of(param_dtype, "param_dtype"),
+              remat=run.model.remat, scan_layers=run.model.scan_layers)
+    if mesh is not None:
+        graphdef, abstract, shardings = abstract_model(model_config, mesh, **kw)
+    else:
+        graphdef, pstate, _ = nnx.split(nnx.eval_shape(lambda: M.QwenVL(model_config, rngs=nnx.Rngs(0), **kw)),
+                                        nnx.Param, ...)
+        abstract, shardings = nnx.to_pure_dict(pstate), None
+    _, params = C.restore_params_only(ckpt_dir, abstract, step)
     cast = dtype_of(param_dtype, "param_dtype")
-    params = jax.tree.map(lambda x: jnp.asarray(x, cast), params)
+    params = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(cast), p), out_shardings=shardings)(params)
     return graphdef, params, model_config

@@ -18,6 +18,12 @@ def param_paths(params: Any) -> Any:
     return jax.tree_util.tree_map_with_path(name, params)
 
 
+def unmatched_patterns(params: Any, patterns) -> list[str]:
+    """The regexes among ``patterns`` that match no parameter path of ``params``."""
+    paths = jax.tree.leaves(param_paths(params))
+    return [p for p in patterns if not any(re.search(p, path) for path in paths)]
+
+
 def learning_rate_schedule(lr: float, total_steps: int, warmup_steps: int = 0, schedule: str = "cosine",
                            end_lr_fraction: float = 0.0) -> optax.Schedule:
     """Linear warmup from 0 to ``lr`` then ``schedule`` ("cosine", "linear", "constant")."""

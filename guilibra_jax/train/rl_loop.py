@@ -1,120 +1,395 @@
-"""The stage-2 loop shared by GUI-Libra's conservative GRPO and UI-MOPD: per step,
+"""The stage-2 loop shared by GUI-Libra's conservative GRPO and UI-MOPD. One step:
 
-    prompts (make_rl_loader) -> G copies -> sample (generate, KV cache)
-      -> rewards (guilibra_reward | mopd_reward) -> group advantages
-         GRPO: SNGS on the negative ones;  MOPD: zeroed below the pass-rate floor
-      -> old log-probs (policy), reference log-probs (GRPO: the frozen SFT model;
-         MOPD: each sequence's platform teacher, scored on its own rows only)
-      -> ppo_epochs x minibatches updates (rl_step)
+    prompts ──rollout──► G responses per prompt, sampled by the policy over the whole mesh
+            ──reward───► rewards and passes (host: rewards.guilibra_reward | mopd_reward)
+            [group filter (rl.group_filter): drop groups whose pass rate is 0 or 1 and draw
+             more prompts until rl.update_groups groups are kept]
+            ──advantages► group-relative; GRPO: SNGS on the negative ones; MOPD: pass-rate
+                          floor and adaptive KL mask (rl.mopd.kl_mask)
+            ──score────► old log-probs (policy) and reference (GRPO: the frozen SFT model) or
+                         teacher (MOPD: each row's platform teacher) log-probs
+            ──update───► ppo_epochs x minibatches optimizer updates (rl_step)
 
 ``train_rl(config, workdir)`` is what ``python -m launch.train`` runs for
-``method=grpo|mopd``. Re-running resumes from the latest checkpoint: the state, the
-prompt iterator, and the sampling key (derived from the step), so a resumed run repeats
-the uninterrupted one. Frozen models (reference, teachers) hold no optimizer state and
-are sharded like the policy.
+``method=grpo|mopd``; each phase is a function below with explicit inputs and outputs.
+
+Processes. Every process draws its own prompts (``data.batch_size / process_count`` per
+round) and keeps the G responses of a prompt, so group statistics are computed where the
+group lives; sampling, scoring and updates run on global arrays over the whole mesh (each
+process's rows are one block of them), with shapes every process agrees on. Batch k of the
+processes together is batch k of a single process with the whole batch, so a run does not
+depend on the process count. Re-running resumes from the latest checkpoint: the state,
+every process's prompt iterator, and the sampling key (derived from the step and round).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from guilibra_jax import actions as A
 from guilibra_jax import generate as G
-from guilibra_jax import losses
 from guilibra_jax import sharding as S
-from guilibra_jax.models.vision import device_vision_inputs
+from guilibra_jax.models.vision import device_vision_inputs, prepare_vision_inputs
+from guilibra_jax.train import advantages as ADV
 from guilibra_jax.train import checkpoint as C
+from guilibra_jax.train import frozen as FZ
 from guilibra_jax.train import model_factory
+from guilibra_jax.train import multihost as MH
 from guilibra_jax.train import rollout as RO
+from guilibra_jax.train import run_history
 from guilibra_jax.train.batching import put_batch, stack_micro_batches
-from guilibra_jax.train.loop import (_Preemption, eval_and_checkpoint, finish_run, open_checkpoints,
-                                     optimizer_from_config, sharded_state)
-from guilibra_jax.train.metrics import MetricsWriter, Progress
+from guilibra_jax.train.guards import Divergence, Preemption
+from guilibra_jax.train.loop import (eval_and_checkpoint, finish_run, open_checkpoints, optimizer_from_config,
+                                     sharded_state)
+from guilibra_jax.train.metrics import Progress, writer_for_run
+from guilibra_jax.train.profiler import StepProfiler
 from guilibra_jax.train.rl_step import make_rl_step
 
 log = logging.getLogger(__name__)
 
-
-# ----------------------------------------------------------------------------- advantages
-def advantages(rewards: np.ndarray, success: np.ndarray, group_size: int, method: str, rl) -> dict[str, np.ndarray]:
-    """Per-row advantages [R] and KL mask [R] from rewards and passes [R] (group-major).
-
-    GRPO: group-relative advantages, then SNGS (negative ones times λ = min(λ0 + κ p^, 1),
-    p^ the group's mean reward or success rate); kl_mask 1.
-    MOPD: advantages r - mean (std-normalised if rl.normalize_std), zeroed for groups whose
-    pass rate is below rl.mopd.pass_floor; kl_mask μ_g = 0 for groups whose pass rate
-    exceeds rl.mopd.kl_mask_tau, else 1.
-    """
-    r = RO.group_view(rewards, group_size)
-    s = RO.group_view(success, group_size).astype(np.float32)
-    adv = np.asarray(losses.group_advantages(jnp.asarray(r), normalize_std=rl.normalize_std))
-    n = r.shape[0]
-    lam = np.ones(n, np.float32)
-    kl_mask = np.ones(n, np.float32)
-    if method == "grpo" and rl.sngs.enabled:
-        signal = r.mean(1) if rl.sngs.signal == "mean_reward" else s.mean(1)
-        scaled, lam = losses.sngs_scale(jnp.asarray(adv), jnp.asarray(signal), lambda0=rl.sngs.lambda0,
-                                        kappa=rl.sngs.kappa)
-        adv, lam = np.asarray(scaled), np.asarray(lam)
-    if method == "mopd":
-        pass_rate = s.mean(1)
-        adv = np.where((pass_rate < rl.mopd.pass_floor)[:, None], 0.0, adv)
-        kl_mask = (pass_rate <= rl.mopd.kl_mask_tau).astype(np.float32)
-    rep = lambda x: np.repeat(np.asarray(x, np.float32), group_size)
-    return {"advantages": adv.reshape(-1).astype(np.float32), "kl_mask": rep(kl_mask), "lambda": rep(lam)}
+# Kept for callers of the old names.
+Frozen = FZ.Frozen
+advantages = ADV.compute
 
 
-# ----------------------------------------------------------------------------- frozen models
-def _n_params(params) -> int:
-    return int(sum(x.size for x in jax.tree.leaves(params)))
+# ----------------------------------------------------------------------------- the run's fixed parts
+@dataclasses.dataclass
+class Stage2:
+    """What every phase needs, built once per run by :func:`setup`."""
+
+    config: Any
+    mesh: Any
+    graphdef: Any
+    model_config: Any
+    tokenizer: Any
+    sampling: G.SamplingConfig
+    frozen: dict
+    update_fn: Any          # jitted (state, batch) -> (state, metrics)
+    pad_id: int
+    stop: tuple
+    banned: tuple
+    row_multiple: int       # rows per process of any global batch: a multiple of this
+    think_opened: bool = False   # prompts open <think> (data.open_think): responses may lack it
+
+    @property
+    def rl(self):
+        return self.config.rl
+
+    @property
+    def method(self) -> str:
+        return self.config.method
+
+    @property
+    def patch_bucket(self) -> int:
+        return self.config.data.patch_bucket
+
+    @property
+    def chunk(self) -> int | None:
+        return self.config.rl.score_chunk or None
 
 
-class Frozen:
-    """A scored-only model: graphdef, params sharded on the mesh, its ModelConfig."""
-
-    def __init__(self, name: str, graphdef, params, model_config):
-        self.name, self.graphdef, self.params, self.model_config = name, graphdef, params, model_config
-        self.bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
-
-
-def _load_frozen(name: str, path: str, config, mesh) -> Frozen:
-    graphdef, params, mc = model_factory.load_frozen(path, dtype=config.model.dtype,
-                                                     param_dtype=config.model.dtype)
-    model = nnx.merge(graphdef, params)
-    _, pstate, _ = nnx.split(model, nnx.Param, ...)
-    params = jax.device_put(params, S.param_shardings(pstate, mesh))
-    log.info("%s: %s (%.1fM parameters)", name, path, _n_params(params) / 1e6)
-    return Frozen(name, graphdef, params, mc)
+def loss_kwargs(config) -> dict:
+    rl = config.rl
+    if config.method == "grpo":
+        return dict(clip_low=rl.clip_low, clip_high=rl.clip_high, kl_beta=rl.kl_beta, kl_kind=rl.kl_kind,
+                    kl_clamp=rl.kl_clamp or None, aggregation=rl.aggregation, dual_clip=rl.dual_clip or None)
+    return dict(beta=rl.mopd.beta, clip_low=rl.clip_low, clip_high=rl.clip_high, kl_clamp=rl.kl_clamp or None,
+                aggregation=rl.aggregation, dual_clip=rl.dual_clip or None)
 
 
-def memory_plan(policy_params, frozen: list[Frozen], rows: int, seq_len: int, model_config, param_dtype,
-                compute_dtype) -> dict[str, float]:
-    """GiB per component over the whole mesh: policy params, its gradients and AdamW
-    moments (param dtype), frozen models, and the sampler's KV cache."""
-    gib = 1024 ** 3
-    n = _n_params(policy_params)
-    pbytes = jnp.dtype(param_dtype).itemsize
-    t = model_config.text
-    kv = rows * seq_len * t.num_layers * 2 * t.num_kv_heads * t.head_dim * jnp.dtype(compute_dtype).itemsize
-    plan = {"policy_params": n * pbytes / gib, "policy_grads": n * pbytes / gib, "adam_moments": 2 * n * 4 / gib,
-            "kv_cache": kv / gib}
-    for f in frozen:
-        plan[f"frozen_{f.name}"] = f.bytes / gib
-    plan["total"] = sum(plan.values())
-    return plan
+def setup(config, mesh, tokenizer, *, materialize: bool = True) -> tuple[Stage2, dict, dict]:
+    """(Stage2, train state, its shardings): the policy, its optimizer state and the frozen
+    models, sharded over ``mesh``, and the jitted update. ``materialize=False`` allocates
+    nothing: parameters and state are abstract (what ``launch.plan`` compiles against)."""
+    rl, tc = config.rl, config.train
+    if materialize:
+        model, model_config = model_factory.build_model(config, tokenizer, mesh=mesh)
+        graphdef, pstate, _ = nnx.split(model, nnx.Param, ...)
+        param_sh = S.param_shardings(pstate, mesh)
+        params = nnx.to_pure_dict(pstate)
+        del model, pstate
+    else:
+        model_config = model_factory.model_config_of(config, tokenizer)
+        graphdef, params, param_sh = model_factory.abstract_model(model_config, mesh,
+                                                                  **model_factory.model_kwargs(config))
+    tx, schedule = optimizer_from_config(config, params, tc.steps * rl.ppo_epochs * rl.minibatches)
+    frozen: dict[str, FZ.Frozen] = {}
+    if config.method == "grpo":
+        if rl.reference or not materialize:
+            frozen["reference"] = FZ.load("reference", rl.reference, config, mesh, tokenizer, materialize=materialize)
+        else:  # the starting policy
+            frozen["reference"] = FZ.from_params("reference", graphdef, params, model_config,
+                                                 model_factory.dtype_of(config.model.dtype, "model.dtype"), param_sh)
+    else:
+        for label, spec in rl.teachers.items():
+            frozen[label] = FZ.load(f"teacher_{label}", spec, config, mesh, tokenizer, materialize=materialize)
+    state, state_sh = sharded_state(params, tx, param_sh, mesh, materialize=materialize)
+    del params
+    banned = RO.vision_token_ids(model_config)
+    step_fn = make_rl_step(graphdef, tx, loss=config.method, loss_kwargs=loss_kwargs(config),
+                           temperature=rl.temperature, chunk_size=rl.score_chunk or None, banned_token_ids=banned,
+                           schedule=schedule)
+    update_fn = jax.jit(step_fn, in_shardings=(state_sh, None), out_shardings=(state_sh, None), donate_argnums=0)
+    pad_id, stop = special_ids(tokenizer, model_config)
+    sampling = G.SamplingConfig(temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k,
+                                max_new_tokens=rl.max_new_tokens, stop_token_ids=stop, pad_token_id=pad_id,
+                                banned_token_ids=banned)
+    dp = int(np.prod([mesh.shape[a] for a in S.BATCH_AXES]))
+    s2 = Stage2(config, mesh, graphdef, model_config, tokenizer, sampling, frozen, update_fn, pad_id, stop, banned,
+                row_multiple=max(1, dp // jax.process_count()),
+                think_opened=data_source.think_opened(config, tokenizer) if tokenizer is not None else False)
+    return s2, state, state_sh
 
 
-# ----------------------------------------------------------------------------- loop
-class _Prompts:
-    """Endless RL prompt batches; skips (and counts) batches with no valid prompt."""
+def special_ids(tokenizer, model_config) -> tuple[int, tuple[int, ...]]:
+    """(pad id, stop ids): the tokenizer's, or the model config's when planning without one."""
+    if tokenizer is None:
+        t = model_config.text
+        eos = t.eos_token_id if isinstance(t.eos_token_id, (list, tuple)) else (t.eos_token_id,)
+        return int(t.pad_token_id or 0), tuple(int(i) for i in eos if i is not None)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    stop = tuple(i for i in (tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id) if i is not None)
+    return pad_id, stop
+
+
+# ----------------------------------------------------------------------------- device inputs
+def device_inputs(s: Stage2, host: dict, micro_axis: bool = False) -> dict:
+    """Host arrays of this process's rows -> global arrays on the mesh (images of all
+    processes joined; a process without images joins with an empty patch set)."""
+    host = dict(host)
+    vision = host.pop("vision", None)
+    has = host.get("pixel_values") is not None
+    if MH.agree_max(int(has)) and not has:
+        host["pixel_values"], vision = _no_images(s, micro_axis, host)
+    if host.get("pixel_values") is None:
+        host.pop("pixel_values", None)
+        out = put_batch(host, s.mesh, micro_axis=micro_axis)
+        out["pixel_values"], out["vision"] = None, None
+        return out
+    host["vision"] = device_vision_inputs(vision)
+    return put_batch(host, s.mesh, micro_axis=micro_axis, model_config=s.model_config)
+
+
+def _no_images(s: Stage2, micro_axis: bool, host: dict):
+    """Inert padding patches (as collate's dummy image): no image token takes them."""
+    vc = s.model_config.vision
+    m = vc.spatial_merge_size
+    n = s.patch_bucket
+    dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size * vc.patch_size
+    pv = np.zeros((n, dim), np.float32)
+    vision = prepare_vision_inputs(np.array([[1, m, n // m]]), s.model_config, num_patches=n)
+    if micro_axis:
+        k = len(next(iter(host.values())))
+        return np.stack([pv] * k), {key: np.stack([v] * k) for key, v in vision.items()}
+    return pv, vision
+
+
+# ----------------------------------------------------------------------------- phases
+def rollout(s: Stage2, params, batch: dict, key) -> RO.Rollout:
+    """G responses to each prompt of this process's batch (``collate_rl``), sampled with the
+    policy ``params``; the rollout holds tokens, lengths, the sampler's log-probs and texts."""
+    ro = RO.expand_groups(batch, s.rl.group_size)
+    ro = RO.pad_prompts(ro, MH.agree_max(ro.prompt_ids.shape[1]))
+    inputs = device_inputs(s, RO.prompt_inputs(ro, s.model_config, s.patch_bucket))
+    out = G.generate(s.graphdef, params, inputs["prompt_ids"], inputs["prompt_mask"], inputs["positions"],
+                     inputs["rope_deltas"], inputs["pixel_values"], inputs["vision"], key, s.sampling)
+    ro.tokens, ro.lengths, ro.sample_logp = (MH.local_rows(x, s.mesh) for x in (out.tokens, out.lengths,
+                                                                                  out.logprobs))
+    ro.texts = [G.decode_response(s.tokenizer, ro.tokens[i, :ro.lengths[i]], s.stop) for i in range(ro.rows)]
+    return ro
+
+
+def reward(s: Stage2, ro: RO.Rollout) -> RO.Scored:
+    """Rewards and passes of the rollout's responses (invalid rows score 0, never pass)."""
+    rw = s.rl.reward
+    return RO.score_responses(ro.texts, ro, s.method, coord_space=A.FAMILY_COORD_SPACE[s.model_config.family],
+                              w_fmt=rw.w_fmt, value_rule=rw.value_rule, point_tolerance=rw.point_tolerance,
+                              format_rule=rw.format_rule, think_opened=s.think_opened,
+                              think_tag=A.THINK_TAG[s.model_config.family], mopd_rule=rw.mopd_rule,
+                              check_tool_name=rw.check_tool_name)
+
+
+@dataclasses.dataclass
+class Collected:
+    """The rollout a step updates on, with its rewards and the group filter's counts."""
+
+    ro: RO.Rollout
+    scored: RO.Scored
+    rounds: int = 1
+    kept_groups: int = 0       # this process
+    dropped_groups: int = 0
+    short_groups: int = 0      # update slots filled with dropped groups (no loss) at the round limit
+
+
+def collect(s: Stage2, params, prompts, step: int, base_key) -> Collected:
+    """Rollout + reward for one step: one round of ``data.batch_size`` prompts, or with
+    ``rl.group_filter`` as many rounds as it takes to keep ``rl.update_groups`` groups whose
+    pass rate is strictly between 0 and 1 (every process keeps its share; at most
+    ``rl.group_filter.max_rounds`` rounds (0 = no limit), then the update is completed with
+    dropped groups that carry no loss, logged as ``short_groups``)."""
+    gf = s.rl.group_filter
+    key = lambda r: jax.random.fold_in(jax.random.fold_in(base_key, step), r)
+    if not gf.enabled:
+        ro = rollout(s, params, next(prompts), key(0))
+        return Collected(ro, reward(s, ro))
+    G_ = s.rl.group_size
+    quota = update_groups(s.config) // jax.process_count()
+    parts, kept, rounds = [], 0, 0
+    while True:
+        ro = rollout(s, params, next(prompts), key(rounds))
+        scored = reward(s, ro)
+        keep = ADV.keep_groups(scored.success & ro.valid, ro.valid, G_)
+        parts.append((ro, scored, keep))
+        kept += int(keep.sum())
+        rounds += 1
+        need_more = MH.agree_max(int(kept < quota))
+        if not need_more or (gf.max_rounds and rounds >= gf.max_rounds):
+            break
+    picks, fills = [], []
+    for i, (_, _, keep) in enumerate(parts):
+        picks += [(i, g) for g in np.nonzero(keep)[0]]
+        fills += [(i, g) for g in np.nonzero(~keep)[0]]
+    chosen = [(i, g, True) for i, g in picks[:quota]] + [(i, g, False) for i, g in fills[:max(0, quota - len(picks))]]
+    ros, scs = [], []
+    for i, g, ok in chosen:
+        ro, scored, _ = parts[i]
+        rows = np.arange(g * G_, (g + 1) * G_)
+        ros.append(RO.take_rows(ro, rows, valid=ro.valid[rows] & ok))
+        sc = RO.take_scored(scored, rows)
+        if not ok:
+            sc = RO.Scored(np.zeros_like(sc.reward), np.zeros_like(sc.success), {k: np.zeros_like(v)
+                                                                                 for k, v in sc.parts.items()})
+        scs.append(sc)
+    n_groups = sum(len(k) for _, _, k in parts)
+    return Collected(RO.concat(ros), RO.concat_scored(scs), rounds=rounds, kept_groups=min(kept, quota),
+                     dropped_groups=n_groups - kept, short_groups=max(0, quota - kept))
+
+
+@dataclasses.dataclass
+class Scores:
+    """The update's sequences (host arrays of this process's rows) and log-probs of their
+    response tokens: old (policy) and reference / teacher, each [R, T]."""
+
+    seq: dict
+    old_logp: np.ndarray
+    ref_logp: np.ndarray
+
+
+def score(s: Stage2, params, ro: RO.Rollout) -> Scores:
+    """Old-policy log-probs and the frozen models' log-probs of the sampled tokens: GRPO's
+    reference on every row; MOPD's teachers, each on its own platform's rows only."""
+    ro = RO.pad_prompts(ro, MH.agree_max(ro.prompt_ids.shape[1]))
+    longest = MH.agree_max(int(ro.lengths.max()) if ro.rows else 1)
+    n_slots = next(b for b in RO.response_buckets(ro.tokens.shape[1]) if b >= longest)
+    all_rows = np.arange(ro.rows)
+    seq_host = RO.sequence_batch(ro, all_rows, s.model_config, s.patch_bucket, s.pad_id, n_slots)
+    seq = device_inputs(s, seq_host)
+    kw = dict(temperature=s.rl.temperature, chunk=s.chunk, banned=s.banned)
+    policy = FZ.Frozen("policy", s.graphdef, params, s.model_config)
+    old_logp = MH.local_rows(FZ.score(policy, seq, **kw), s.mesh)
+
+    def score_rows(f: FZ.Frozen, rows: np.ndarray) -> np.ndarray:
+        # (a collective: every process builds its batch, whatever rows it holds)
+        fseq = device_inputs(s, RO.sequence_batch(ro, rows, f.model_config, s.patch_bucket, s.pad_id, n_slots))
+        return MH.local_rows(FZ.score(f, fseq, **kw), s.mesh)
+
+    if s.method == "grpo":
+        ref = s.frozen["reference"]
+        same = ref.model_config == s.model_config   # the same on every process
+        ref_logp = MH.local_rows(FZ.score(ref, seq, **kw), s.mesh) if same else score_rows(ref, all_rows)
+    else:
+        ref_logp = FZ.score_by_platform(ro.platform, ro.valid, s.frozen, score_rows, s.row_multiple,
+                                        np.zeros_like(old_logp))
+    return Scores(seq_host, old_logp, ref_logp.astype(np.float32))
+
+
+def update(s: Stage2, state: dict, ro: RO.Rollout, adv: dict, scores: Scores) -> tuple[dict, dict, list[bool]]:
+    """ppo_epochs x minibatches optimizer updates on the rollout; returns (state, metrics of
+    the last update, whether each update was applied (finite))."""
+    rl, accum = s.rl, s.config.train.grad_accum
+    kl_mode = ADV.kl_mask_mode(rl) if s.method == "mopd" else "off"
+    host = dict(scores.seq, old_logp=scores.old_logp, ref_logp=scores.ref_logp, advantages=adv["advantages"],
+                kl_mask=adv["kl_mask"])
+    # Minibatch m takes the rows r with r % minibatches == m (each minibatch holds responses of
+    # every group): the same global minibatches whatever the process count.
+    mb_rows = ro.rows // rl.minibatches
+    micro_rows = mb_rows // accum
+    token_counts = scores.seq["response_mask"].sum(1)
+    metrics, applied = {}, []
+    for _ in range(rl.ppo_epochs):
+        for m in range(rl.minibatches):
+            idx = np.arange(m, ro.rows, rl.minibatches)
+            totals = None
+            if kl_mode == "release":
+                totals = MH.gather_rows(ADV.kl_totals(adv["kl_mask"][idx], token_counts[idx])[None]).sum(0)
+            weights = ADV.kl_weights(adv["kl_mask"], kl_mode, totals)
+            micros = [_update_rows(s, dict(host, kl_mask=weights), ro, idx[k * micro_rows:(k + 1) * micro_rows])
+                      for k in range(accum)]
+            state, metrics = s.update_fn(state, device_inputs(s, stack_micro_batches(micros), micro_axis=True))
+            applied.append(metrics["update_ok"])
+    metrics = jax.device_get(metrics)
+    return state, metrics, [bool(x) for x in jax.device_get(applied)]
+
+
+def _update_rows(s: Stage2, host: dict, ro: RO.Rollout, idx: np.ndarray) -> dict:
+    """The update arrays of rows ``idx`` (their images regathered)."""
+    out = {k: (v[:, idx] if k == "positions" else v[idx]) for k, v in host.items()
+           if k not in ("pixel_values", "vision")}
+    dim = next((p.shape[1] for p in ro.pixels if p is not None), 0)
+    out["pixel_values"], out["vision"] = RO.vision_arrays([ro.grids[r] for r in idx], [ro.pixels[r] for r in idx],
+                                                          s.model_config, s.patch_bucket, dim)
+    return out
+
+
+# ----------------------------------------------------------------------------- metrics
+def rollout_metrics(c: Collected, adv: dict, method: str, max_new_tokens: int, filtered: bool = False
+                    ) -> dict[str, float]:
+    """Step metrics over all processes' rows (a collective); ``filtered``: add the group
+    filter's counts (rounds, kept / dropped / short groups over all processes)."""
+    ro, sc = c.ro, c.scored
+    g = {k: MH.gather_rows(np.asarray(v)) for k, v in dict(
+        valid=ro.valid, reward=sc.reward, success=sc.success, lengths=ro.lengths, adv=adv["advantages"],
+        lam=adv["lambda"], kl_mask=adv["kl_mask"], **{f"part_{k}": v for k, v in sc.parts.items()}).items()}
+    platform = np.array(MH.gather_strings([p or "" for p in ro.platform]))
+    counts = MH.gather_rows(np.array([[c.kept_groups, c.dropped_groups, c.short_groups]], np.int64)).sum(0)
+    v = g["valid"].astype(bool)
+    row: dict[str, float] = {}
+    if filtered:
+        row.update({"group_filter/rounds": c.rounds, "group_filter/kept_groups": int(counts[0]),
+                    "group_filter/dropped_groups": int(counts[1]), "group_filter/short_groups": int(counts[2])})
+    if not v.any():
+        return row
+    r = RO.group_view(g["reward"], ro.group_size)
+    gv = RO.group_view(v, ro.group_size)[:, 0]
+    row.update({"reward_mean": float(g["reward"][v].mean()), "success_rate": float(g["success"][v].mean()),
+                "reward_group_std": float(r[gv].std(1).mean()), "response_length": float(g["lengths"][v].mean()),
+                "truncated_fraction": float((g["lengths"][v] >= max_new_tokens).mean()),
+                "advantage_abs_mean": float(np.abs(g["adv"][v]).mean())})
+    for k in sc.parts:
+        row[f"reward_{k}"] = float(g[f"part_{k}"][v].mean())
+    if method == "grpo":
+        neg = g["adv"] < 0
+        row["sngs_lambda_mean"] = float(g["lam"][v].mean())
+        row["negative_scale_mean"] = float(g["lam"][v & neg].mean()) if (v & neg).any() else 1.0
+    else:
+        row["kl_mask_on_fraction"] = float(g["kl_mask"][v].mean())
+        for label in sorted(set(platform[v])):
+            on = v & (platform == label)
+            row[f"{label}/reward_mean"] = float(g["reward"][on].mean())
+    return row
+
+
+# ----------------------------------------------------------------------------- the loop
+class Prompts:
+    """Endless RL prompt batches of this process; skips (and counts) batches with no valid prompt."""
 
     MAX_EMPTY = 3
 
@@ -141,21 +416,9 @@ class _Prompts:
         self.loader.close()
 
 
-def _device_inputs(host: dict, mesh, micro_axis: bool) -> dict:
-    host = dict(host)
-    vision = host.pop("vision", None)
-    if host.get("pixel_values") is None:
-        host.pop("pixel_values", None)
-    out = put_batch(host, mesh, micro_axis=micro_axis)
-    if vision is not None:
-        out["vision"] = put_batch({"vision": device_vision_inputs(vision)}, mesh, micro_axis=micro_axis)["vision"]
-    else:
-        out["pixel_values"], out["vision"] = None, None
-    return out
-
-
-def _pad_rows(rows: np.ndarray, size: int) -> np.ndarray:
-    return np.concatenate([rows, np.full(size - len(rows), rows[0] if len(rows) else 0)]).astype(np.int64)
+def update_groups(config) -> int:
+    """Groups (prompts) per update over all processes: rl.update_groups, or every prompt of a round."""
+    return config.rl.update_groups or config.data.batch_size
 
 
 def train_rl(config, workdir: str) -> dict:
@@ -164,216 +427,71 @@ def train_rl(config, workdir: str) -> dict:
     from guilibra_jax.data.pipeline import make_rl_loader
     from guilibra_jax.train import data_source
 
-    method, rl, tc = config.method, config.rl, config.train
-    if jax.process_count() > 1:
-        raise NotImplementedError(
-            "RL training runs in one process (any number of local devices) for now: rollouts, rewards "
-            "and routing are computed on the host of that process. Multi-host RL needs per-process "
-            "rollout gathering, which is not built yet.")
+    rl, tc = config.rl, config.train
+    is_main = jax.process_index() == 0
     os.makedirs(workdir, exist_ok=True)
-    C.write_json(os.path.join(workdir, "config.json"), config.to_dict())
-    mesh = S.make_mesh(dict(config.mesh))
+    run_history.record_config(config, workdir, is_main=is_main)
+    mesh = MH.run_mesh(config)
+    data_source.per_process_batch(config)   # bad batch / process counts fail before any model
     tokenizer = data_source.prepare_tokenizer(config, workdir)
-    model, model_config = model_factory.build_model(config, tokenizer)
-    graphdef, pstate, _ = nnx.split(model, nnx.Param, ...)
-    param_sh = S.param_shardings(pstate, mesh)
-    params = nnx.to_pure_dict(pstate)
-    del model, pstate
+    s, state, state_sh = setup(config, mesh, tokenizer)
 
-    tx, schedule = optimizer_from_config(config, params, tc.steps * rl.ppo_epochs * rl.minibatches)
-    params = jax.device_put(params, param_sh)
-
-    # Frozen models: the GRPO reference (default: the starting policy), or MOPD teachers.
-    frozen: dict[str, Frozen] = {}
-    if method == "grpo":
-        if rl.reference:
-            frozen["reference"] = _load_frozen("reference", rl.reference, config, mesh)
-        else:
-            cast = model_factory.dtype_of(config.model.dtype, "model.dtype")
-            ref_params = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(cast), p), out_shardings=param_sh)(params)
-            frozen["reference"] = Frozen("reference", graphdef, ref_params, model_config)
-    else:
-        for label, path in rl.teachers.items():
-            frozen[label] = _load_frozen(f"teacher_{label}", path, config, mesh)
-    state, state_sh = sharded_state(params, tx, param_sh, mesh)
-    del params
-
-    rows = config.data.batch_size * rl.group_size
     dcfg = data_source.data_config(config, data_source.train_files(config, workdir))
-    prompts = _Prompts(make_rl_loader(dcfg, tokenizer, model_config, shard_index=0, shard_count=1))
-    plan = memory_plan(state["params"], list(frozen.values()), rows, config.data.max_length + rl.max_new_tokens,
-                       model_config, config.model.param_dtype, config.model.dtype)
-    log.info("memory plan (GiB, whole mesh): %s", {k: round(v, 3) for k, v in plan.items()})
-    C.write_json(os.path.join(workdir, "memory_plan.json"), plan)
-
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    stop = tuple(i for i in (tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id) if i is not None)
-    banned = RO.vision_token_ids(model_config)
-    sampling = G.SamplingConfig(temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k,
-                                max_new_tokens=rl.max_new_tokens, stop_token_ids=stop, pad_token_id=pad_id,
-                                banned_token_ids=banned)
-    coord_space = A.FAMILY_COORD_SPACE[model_config.family]
-    chunk = rl.score_chunk or None
-    loss_kwargs = (dict(clip_low=rl.clip_low, clip_high=rl.clip_high, kl_beta=rl.kl_beta, kl_kind=rl.kl_kind,
-                        kl_clamp=rl.kl_clamp or None, aggregation=rl.aggregation) if method == "grpo" else
-                   dict(beta=rl.mopd.beta, clip_low=rl.clip_low, clip_high=rl.clip_high,
-                        kl_clamp=rl.kl_clamp or None, aggregation=rl.aggregation))
-    step_fn = make_rl_step(graphdef, tx, loss=method, loss_kwargs=loss_kwargs, temperature=rl.temperature,
-                           chunk_size=chunk, banned_token_ids=banned, schedule=schedule)
-    jit_update = jax.jit(step_fn, in_shardings=(state_sh, None), out_shardings=(state_sh, None), donate_argnums=0)
-    dp = int(np.prod([mesh.shape[a] for a in ("data", "fsdp") if a in mesh.shape]))
+    prompts = Prompts(make_rl_loader(dcfg, tokenizer, s.model_config, shard_index=jax.process_index(),
+                                     shard_count=jax.process_count()))
+    data_source.record_data_info(workdir, prompts.loader.info)
+    if config.method == "mopd":   # every platform of the data has a teacher (ConfigError naming rl.teachers)
+        from guilibra_jax.train.config import check_teachers
+        check_teachers(rl.teachers, MH.gather_strings(list(prompts.loader.info.get("platforms", []))))
+    if tc.memory_plan:
+        from guilibra_jax.train import plan as PLAN
+        report = PLAN.plan_stage2(s, state, state_sh, device_memory_gib=PLAN.device_memory_gib(mesh))
+        if is_main:
+            C.write_json(os.path.join(workdir, "memory_plan.json"), report)
+        log.info("memory plan (GiB per device): %s", PLAN.summary_line(report))
 
     ckpt, start, state = open_checkpoints(workdir, tc, state, prompts)
-    writer = MetricsWriter(workdir, tensorboard=tc.tensorboard)
-    progress = Progress(tc.steps, start, enabled=tc.progress)
-    evaluator = (data_source.make_evaluator(config, tokenizer, model_config, graphdef, workdir)
-                 if tc.eval_every > 0 and method == "grpo" else None)
+    writer = writer_for_run(config, workdir, enabled=is_main)
+    progress = Progress(tc.steps, start, enabled=is_main and tc.progress)
+    profiler = StepProfiler(workdir, tc.profile_steps, enabled=is_main)
+    evaluator = (data_source.make_evaluator(config, tokenizer, s.model_config, s.graphdef, workdir, mesh)
+                 if tc.eval_every > 0 and config.method == "grpo" else None)
     if evaluator is not None and start == 0:   # the starting (SFT) policy, for comparison
         writer.write(0, evaluator(state["params"], 0))
     base_key = jax.random.PRNGKey(config.data.seed + 7919 * config.model.seed)
-    patch_bucket = config.data.patch_bucket
+    divergence = Divergence(tc.max_skipped_updates, ckpt.latest_step)
     last_row: dict = {}
     step = start
-    with _Preemption() as preempt:
+    with Preemption() as preempt:
         while step < tc.steps:
             t0 = time.time()
-            ro = RO.expand_groups(next(prompts), rl.group_size)
-            inputs = _device_inputs(RO.prompt_inputs(ro, model_config, patch_bucket), mesh, micro_axis=False)
-            out = G.generate(graphdef, state["params"], inputs["prompt_ids"], inputs["prompt_mask"],
-                             inputs["positions"], inputs["rope_deltas"], inputs["pixel_values"], inputs["vision"],
-                             jax.random.fold_in(base_key, step), sampling)
-            ro.tokens, ro.lengths = (np.asarray(x) for x in jax.device_get((out.tokens, out.lengths)))
-            texts = [G.decode_response(tokenizer, ro.tokens[i, :ro.lengths[i]], stop) for i in range(ro.rows)]
-            scored = RO.score_responses(texts, ro, method, coord_space=coord_space, w_fmt=rl.reward.w_fmt,
-                                        value_rule=rl.reward.value_rule, point_tolerance=rl.reward.point_tolerance)
-            adv = advantages(scored.reward, scored.success & ro.valid, rl.group_size, method, rl)
-            adv["advantages"] = np.where(ro.valid, adv["advantages"], 0.0).astype(np.float32)
+            profiler.before(step + 1)
+            c = collect(s, state["params"], prompts, step, base_key)
+            adv = ADV.compute(c.scored.reward, c.scored.success & c.ro.valid, rl.group_size, config.method, rl)
+            adv["advantages"] = np.where(c.ro.valid, adv["advantages"], 0.0).astype(np.float32)
             t1 = time.time()
-
-            # Old and reference / teacher log-probs of the sampled tokens.
-            all_rows = np.arange(ro.rows)
-            seq_host = RO.sequence_batch(ro, all_rows, model_config, patch_bucket, pad_id)
-            n_slots = seq_host["input_ids"].shape[1] - ro.prompt_ids.shape[1]
-            seq = _device_inputs(seq_host, mesh, micro_axis=False)
-            old_logp = np.asarray(G.score(graphdef, state["params"], seq["input_ids"], seq["positions"],
-                                          seq["segment_ids"], seq["pixel_values"], seq["vision"],
-                                          seq["response_mask"], temperature=rl.temperature, chunk_size=chunk,
-                                          banned_token_ids=banned))
-            ref_logp = np.zeros_like(old_logp)
-            if method == "grpo":
-                f = frozen["reference"]
-                fseq = seq if f.model_config == model_config else _device_inputs(
-                    RO.sequence_batch(ro, all_rows, f.model_config, patch_bucket, pad_id, n_slots), mesh, False)
-                ref_logp = np.asarray(G.score(f.graphdef, f.params, fseq["input_ids"], fseq["positions"],
-                                              fseq["segment_ids"], fseq["pixel_values"], fseq["vision"],
-                                              fseq["response_mask"], temperature=rl.temperature, chunk_size=chunk,
-                                              banned_token_ids=banned))
-            else:
-                ref_logp = _teacher_logp(ro, frozen, n_slots, patch_bucket, pad_id, rl.temperature, chunk, mesh, dp,
-                                         ref_logp, banned)
+            scores = score(s, state["params"], c.ro)
             t2 = time.time()
-
-            # Updates: ppo_epochs passes over minibatches of rows (a fixed permutation per step).
-            update_host = dict(seq_host, old_logp=old_logp, ref_logp=ref_logp.astype(np.float32),
-                               advantages=adv["advantages"], kl_mask=adv["kl_mask"])
-            perm = np.random.default_rng([config.data.seed, step]).permutation(ro.rows)
-            mb_rows = ro.rows // rl.minibatches
-            micro_rows = mb_rows // tc.grad_accum
-            metrics: dict[str, Any] = {}
-            for _ in range(rl.ppo_epochs):
-                for m in range(rl.minibatches):
-                    idx = perm[m * mb_rows:(m + 1) * mb_rows]
-                    micros = [_take_rows(update_host, idx[k * micro_rows:(k + 1) * micro_rows], model_config,
-                                         patch_bucket, ro) for k in range(tc.grad_accum)]
-                    batch = _device_inputs(stack_micro_batches(micros), mesh, micro_axis=True)
-                    state, metrics = jit_update(state, batch)
-            metrics = jax.device_get(metrics)
+            state, metrics, applied = update(s, state, c.ro, adv, scores)
             t3 = time.time()
             step += 1
-            row = _rollout_metrics(scored, adv, ro, method)
+            profiler.after(step, state)
+            for ok in applied:
+                divergence.update(step, ok)
+            row = rollout_metrics(c, adv, config.method, rl.max_new_tokens, rl.group_filter.enabled)
             row.update({k: float(v) for k, v in metrics.items()})
             row.update(sample_s=t1 - t0, score_s=t2 - t1, update_s=t3 - t2, step_s=t3 - t0)
+            row.update(data_source.drop_metrics(prompts))   # process 0's record counts
             if step % tc.log_every == 0 or step == tc.steps:
                 last_row = writer.write(step, row)
                 progress.update(step, last_row)
+            stop = preempt.should_stop()
             last_row = eval_and_checkpoint(step, state, last_row, tc, evaluator, writer, ckpt, prompts.get_state,
-                                           preempt.requested)
-            if preempt.requested:
+                                           stop)
+            if stop:
                 break
-    finish_run(step, state, tc, ckpt, progress, writer, graphdef, model_config, tokenizer, workdir)
+    profiler.close()
+    finish_run(step, state, tc, ckpt, progress, writer, s.graphdef, s.model_config, tokenizer, workdir, is_main)
+    log.info("data: %s", data_source.drop_report(prompts))
     prompts.close()
     return last_row
-
-
-def _take_rows(update_host: dict, idx: np.ndarray, model_config, patch_bucket: int, ro: RO.Rollout) -> dict:
-    """The update arrays of rows ``idx`` (images regathered for those rows)."""
-    out = {k: (v[:, idx] if k == "positions" else v[idx]) for k, v in update_host.items()
-           if k not in ("pixel_values", "vision")}
-    dim = next((p.shape[1] for p in ro.pixels if p is not None), 0)
-    pv, vision = RO.vision_arrays([ro.grids[r] for r in idx], [ro.pixels[r] for r in idx], model_config,
-                                  patch_bucket, dim)
-    out["pixel_values"], out["vision"] = pv, vision
-    return out
-
-
-def _teacher_logp(ro: RO.Rollout, teachers: dict[str, Frozen], n_slots: int, patch_bucket: int, pad_id: int,
-                  temperature: float, chunk, mesh, dp: int, out: np.ndarray, banned: tuple[int, ...] = ()
-                  ) -> np.ndarray:
-    """Each row's log-probs under the teacher of its platform label, scoring every
-    teacher on its own rows only (padded to a fixed size per teacher call)."""
-    labels = np.array([p if p is not None else "" for p in ro.platform])
-    assigned = np.zeros(ro.rows, bool)
-    for label, f in teachers.items():
-        if label == "*":
-            continue
-        rows = np.nonzero(labels == label)[0]
-        _score_rows(ro, f, rows, n_slots, patch_bucket, pad_id, temperature, chunk, mesh, dp, out, banned)
-        assigned[rows] = True
-    rest = np.nonzero(~assigned & ro.valid)[0]
-    if len(rest):
-        if "*" not in teachers:
-            raise KeyError(f"no teacher for platform labels {sorted(set(labels[rest]))}; rl.teachers has "
-                           f"{sorted(teachers)} (add '*' for a default teacher)")
-        _score_rows(ro, teachers["*"], rest, n_slots, patch_bucket, pad_id, temperature, chunk, mesh, dp, out,
-                    banned)
-    return out
-
-
-def _score_rows(ro, f: Frozen, rows: np.ndarray, n_slots, patch_bucket, pad_id, temperature, chunk, mesh, dp, out,
-                banned=()):
-    if len(rows) == 0:
-        return
-    sizes = sorted({s for s in (ro.rows // 4, ro.rows // 2, ro.rows) if s > 0 and s % dp == 0} | {ro.rows})
-    size = next(s for s in sizes if s >= len(rows))
-    padded = _pad_rows(rows, size)
-    host = RO.sequence_batch(ro, padded, f.model_config, patch_bucket, pad_id, n_slots)
-    seq = _device_inputs(host, mesh, micro_axis=False)
-    lp = np.asarray(G.score(f.graphdef, f.params, seq["input_ids"], seq["positions"], seq["segment_ids"],
-                            seq["pixel_values"], seq["vision"], seq["response_mask"], temperature=temperature,
-                            chunk_size=chunk, banned_token_ids=banned))
-    out[rows] = lp[:len(rows)]
-
-
-def _rollout_metrics(scored: RO.Scored, adv: dict, ro: RO.Rollout, method: str) -> dict[str, float]:
-    v = ro.valid
-    if not v.any():
-        return {}
-    r = RO.group_view(scored.reward, ro.group_size)
-    gv = RO.group_view(v, ro.group_size)[:, 0]
-    a = adv["advantages"][v]
-    row = {"reward_mean": float(scored.reward[v].mean()), "success_rate": float(scored.success[v].mean()),
-           "reward_group_std": float(r[gv].std(1).mean()), "response_length": float(ro.lengths[v].mean()),
-           "truncated_fraction": float((ro.lengths[v] >= ro.tokens.shape[1]).mean()),
-           "advantage_abs_mean": float(np.abs(a).mean())}
-    for k, x in scored.parts.items():
-        row[f"reward_{k}"] = float(x[v].mean())
-    if method == "grpo":
-        neg = adv["advantages"] < 0
-        row["sngs_lambda_mean"] = float(adv["lambda"][v].mean())
-        row["negative_scale_mean"] = float(adv["lambda"][v & neg].mean()) if (v & neg).any() else 1.0
-    else:
-        row["kl_mask_on_fraction"] = float(adv["kl_mask"][v].mean())
-        for label in sorted({p for p, ok in zip(ro.platform, v) if ok}):
-            on = v & (np.array(ro.platform) == label)
-            row[f"{label}/reward_mean"] = float(scored.reward[on].mean())
-    return row

@@ -39,8 +39,8 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, lo
                  banned_token_ids: tuple[int, ...] = (), schedule: Callable[[Any], Any] | None = None) -> Callable[[dict, dict], tuple[dict, dict]]:
     """Build the (unjitted) policy-update step. ``loss``: "grpo" (kwargs of
     :func:`losses.grpo_loss_terms`: clip_low, clip_high, kl_beta, kl_kind, kl_clamp,
-    aggregation) or "mopd" (of :func:`losses.mopd_loss_terms`: beta, clip_low, clip_high,
-    kl_clamp, aggregation). ``banned_token_ids``: the sampler's (excluded from the
+    aggregation, dual_clip) or "mopd" (of :func:`losses.mopd_loss_terms`: beta, clip_low,
+    clip_high, kl_clamp, aggregation, dual_clip). ``banned_token_ids``: the sampler's (excluded from the
     distribution, so that ρ = 1 on the first epoch)."""
     if loss not in LOSSES:
         raise ValueError(f"unknown RL loss {loss!r}; expected one of {LOSSES}")
@@ -67,6 +67,8 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, lo
         adv = micro["advantages"][:, None]
         ratio = jnp.exp(jnp.clip(lp - micro["old_logp"], -20.0, 20.0))
         clipped = ((adv > 0) & (ratio > 1 + clip_high)) | ((adv < 0) & (ratio < 1 - clip_low))
+        if kw.get("dual_clip"):
+            clipped = clipped | ((adv < 0) & (ratio > kw["dual_clip"]))
         kl = losses.kl_penalty(lp, micro["ref_logp"], kl_kind, kl_clamp)
         kl_on = mask * (micro["kl_mask"][:, None] > 0)
         sums = {"tokens": jnp.sum(mask), "clipped": jnp.sum(mask * clipped), "kl": jnp.sum(kl * kl_on),

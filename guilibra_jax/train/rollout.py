@@ -62,6 +62,8 @@ class Rollout:
     resized_size: list            # [R] (w, h)
     tokens: np.ndarray | None = None    # [R, N]
     lengths: np.ndarray | None = None   # [R]
+    sample_logp: np.ndarray | None = None  # [R, N] the sampler's log-probs of the tokens
+    texts: list | None = None           # [R] decoded responses
 
     @property
     def rows(self) -> int:
@@ -91,6 +93,48 @@ def expand_groups(batch: dict, group_size: int) -> Rollout:
         grids=[grids[r] if r < len(grids) else None for r in rows], pixels=[pix[r] for r in rows],
         valid=valid, targets=side("reward_targets"), platform=side("platform"),
         resized_size=side("resized_size"))
+
+
+def pad_prompts(ro: Rollout, width: int) -> Rollout:
+    """``ro`` with its left-padded prompts widened to ``width`` slots (more left padding:
+    mask 0, position 0), e.g. to the width every process agrees on."""
+    extra = width - ro.prompt_ids.shape[1]
+    if extra < 0:
+        raise ValueError(f"cannot narrow prompts of {ro.prompt_ids.shape[1]} slots to {width}")
+    if extra == 0:
+        return ro
+    pad2 = lambda x: np.pad(x, ((0, 0), (extra, 0)))
+    return dataclasses.replace(ro, prompt_ids=pad2(ro.prompt_ids), prompt_mask=pad2(ro.prompt_mask),
+                               positions=np.pad(ro.positions, ((0, 0), (0, 0), (extra, 0))))
+
+
+def take_rows(ro: Rollout, rows, valid: np.ndarray | None = None) -> Rollout:
+    """The rollout restricted to ``rows`` (whole groups, in order); ``valid`` replaces
+    their valid flags when given."""
+    rows = np.asarray(rows, np.int64)
+    pick = lambda x: None if x is None else x[rows]
+    return dataclasses.replace(
+        ro, prompt_ids=ro.prompt_ids[rows], prompt_mask=ro.prompt_mask[rows], positions=ro.positions[:, rows],
+        rope_deltas=ro.rope_deltas[rows], grids=[ro.grids[r] for r in rows], pixels=[ro.pixels[r] for r in rows],
+        valid=ro.valid[rows] if valid is None else np.asarray(valid, bool), targets=[ro.targets[r] for r in rows],
+        platform=[ro.platform[r] for r in rows], resized_size=[ro.resized_size[r] for r in rows],
+        tokens=pick(ro.tokens), lengths=pick(ro.lengths), sample_logp=pick(ro.sample_logp),
+        texts=None if ro.texts is None else [ro.texts[r] for r in rows])
+
+
+def concat(parts: Sequence[Rollout]) -> Rollout:
+    """One rollout of several (same group size and response slots), prompts widened to the widest."""
+    width = max(p.prompt_ids.shape[1] for p in parts)
+    parts = [pad_prompts(p, width) for p in parts]
+    cat = lambda name: np.concatenate([getattr(p, name) for p in parts])
+    opt = lambda name: None if getattr(parts[0], name) is None else cat(name)
+    lists = lambda name: [x for p in parts for x in getattr(p, name)]
+    return Rollout(group_size=parts[0].group_size, prompt_ids=cat("prompt_ids"), prompt_mask=cat("prompt_mask"),
+                   positions=np.concatenate([p.positions for p in parts], axis=1), rope_deltas=cat("rope_deltas"),
+                   grids=lists("grids"), pixels=lists("pixels"), valid=cat("valid"), targets=lists("targets"),
+                   platform=lists("platform"), resized_size=lists("resized_size"), tokens=opt("tokens"),
+                   lengths=opt("lengths"), sample_logp=opt("sample_logp"),
+                   texts=None if parts[0].texts is None else lists("texts"))
 
 
 def vision_arrays(grids: Sequence, pixels: Sequence, model_config: Any, patch_bucket: int, patch_dim: int
@@ -164,9 +208,14 @@ class Scored:
 
 
 def score_responses(texts: Sequence[str], ro: Rollout, method: str, *, coord_space: str = "resized_pixels",
-                    w_fmt: float = 0.1, value_rule: str = "paper", point_tolerance: float = 0.05) -> Scored:
-    """Rewards of decoded responses: ``rewards.guilibra_reward`` (method "grpo") or
-    ``rewards.mopd_reward`` ("mopd"). Invalid rows score 0 and never succeed."""
+                    w_fmt: float = 0.1, value_rule: str = "paper", point_tolerance: float = 0.05,
+                    format_rule: str = "paper", think_tag: str = "think", think_opened: bool = False,
+                    mopd_rule: str = "strict", check_tool_name: bool | None = None) -> Scored:
+    """Rewards of decoded responses: ``rewards.guilibra_reward`` (method "grpo"; its
+    value_rule, point_tolerance, format_rule with the family's think_tag) or
+    ``rewards.mopd_reward`` ("mopd"; its rule = mopd_rule, check_tool_name). think_opened:
+    the prompts opened the think block (Thinking chat templates). Invalid rows score 0
+    and never succeed."""
     n = len(texts)
     reward = np.zeros(n, np.float32)
     success = np.zeros(n, bool)
@@ -178,14 +227,26 @@ def score_responses(texts: Sequence[str], ro: Rollout, method: str, *, coord_spa
             continue
         if method == "grpo":
             r = R.guilibra_reward(text, target, coord_space=coord_space, resized_size=ro.resized_size[i],
-                                  w_fmt=w_fmt, value_rule=value_rule, point_tolerance=point_tolerance)
+                                  w_fmt=w_fmt, value_rule=value_rule, point_tolerance=point_tolerance,
+                                  format_rule=format_rule, think_tag=think_tag, think_opened=think_opened)
             reward[i], success[i] = r.total, r.accuracy >= 1.0
             for k in names:
                 parts[k][i] = getattr(r, k)
         else:
-            reward[i] = R.mopd_reward(text, target)
+            reward[i] = R.mopd_reward(text, target, rule=mopd_rule, check_tool_name=check_tool_name,
+                                      think_opened=think_opened)
             success[i] = reward[i] >= 1.0
     return Scored(reward, success, parts)
+
+
+def take_scored(scored: Scored, rows) -> Scored:
+    rows = np.asarray(rows, np.int64)
+    return Scored(scored.reward[rows], scored.success[rows], {k: v[rows] for k, v in scored.parts.items()})
+
+
+def concat_scored(parts: Sequence[Scored]) -> Scored:
+    return Scored(np.concatenate([p.reward for p in parts]), np.concatenate([p.success for p in parts]),
+                  {k: np.concatenate([p.parts[k] for p in parts]) for k in parts[0].parts})
 
 
 def group_view(x: np.ndarray, group_size: int) -> np.ndarray:

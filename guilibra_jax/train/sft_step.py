@@ -25,8 +25,10 @@ MODEL_INPUTS = ("input_ids", "positions", "segment_ids", "pixel_values", "vision
 def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, alpha_action: float = 2.0,
                   alpha_grounding: float = 4.0, normalize: str = "sample",
                   schedule: Callable[[Any], Any] | None = None,
-                  logits_chunk: int = 128) -> Callable[[dict, dict], tuple[dict, dict]]:
+                  logits_chunk: int = 128,
+                  weighting: str = "paper") -> Callable[[dict, dict], tuple[dict, dict]]:
     """Build the (unjitted) ASFT step for ``graphdef``; jit it with shardings.
+    ``weighting``: "paper" or "release" (``losses.segment_weights``).
 
     The LM head and the cross-entropy run only at the loss positions (loss_segments > 0),
     ``logits_chunk`` positions per row at a time (guilibra_jax.head_loss): no [B, T, V]
@@ -36,11 +38,13 @@ def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, a
         model = nnx.merge(graphdef, params)
         h = model.hidden_states(micro["input_ids"], micro["positions"], micro["segment_ids"],
                                 micro.get("pixel_values"), micro.get("vision"))
-        seg = micro["loss_segments"]
-        coef, den = losses.asft_token_coefficients(seg, alpha_action=alpha_action,
-                                                   alpha_grounding=alpha_grounding, normalize=normalize)
-        num, nll = head_loss.head_nll(h, model.lm_head_weight(), micro["targets"], coef, seg > 0,
+        loss_segments = micro["loss_segments"]
+        coef, den = losses.asft_token_coefficients(loss_segments, alpha_action=alpha_action,
+                                                   alpha_grounding=alpha_grounding, normalize=normalize,
+                                                   weighting=weighting)
+        num, nll = head_loss.head_nll(h, model.lm_head_weight(), micro["targets"], coef, loss_segments > 0,
                                       chunk=logits_chunk)
+        seg = losses.segment_part(loss_segments)
         parts = {}
         for name, sid in PARTS.items():
             on = seg == sid
@@ -59,3 +63,14 @@ def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, a
         return new_state, metrics
 
     return step
+
+
+def sft_step_from_config(config, graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+                         schedule: Callable[[Any], Any] | None = None) -> Callable[[dict, dict], tuple[dict, dict]]:
+    """`make_sft_step` with the run config's loss keys (loss.*): the one builder of the
+    trainer (train.loop) and the memory planner (train.plan), so a plan compiles the step
+    the trainer runs."""
+    lc = config.loss
+    return make_sft_step(graphdef, tx, alpha_action=lc.alpha_action, alpha_grounding=lc.alpha_grounding,
+                         normalize=lc.normalize, schedule=schedule, logits_chunk=lc.logits_chunk,
+                         weighting=lc.weighting)

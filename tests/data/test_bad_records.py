@@ -63,7 +63,7 @@ def test_exact_counts_per_reason_and_no_valid_record_lost(tmp_path, qwen_tok, qw
 
 def test_run_stops_past_threshold_with_clear_message(tmp_path, qwen_tok, qwen25_config):
     path = _corrupted_dataset(str(tmp_path))
-    with pytest.raises(B.TooManyBadRecords, match=r"bad_record_threshold.*invalid_json|bad_record_threshold"):
+    with pytest.raises(B.TooManyBadRecords, match=r"config key data\.max_bad_fraction, DataConfig\.bad_record_threshold\)\. By reason: "):
         _run(path, qwen_tok, qwen25_config, bad_record_threshold=0.05)
 
 

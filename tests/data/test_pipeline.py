@@ -129,6 +129,19 @@ def test_each_process_reads_only_its_shard(native_dataset, qwen_tok, qwen25_conf
     assert not (seen[0] & seen[1]) and not (seen[1] & seen[2]) and not (seen[0] & seen[2])
 
 
+def test_process_batches_together_equal_one_process_with_their_summed_batch_size(native_dataset, qwen_tok,
+                                                                                 qwen25_config):
+    """Batch k of 2 processes (batch 2 each, rows in process order) is batch k of one
+    process with batch 4: runs do not depend on the process count."""
+    cfg = _cfg(native_dataset, num_epochs=1, mix="direct")
+    one = list(PL.make_sft_loader({**cfg, "batch_size": 4}, qwen_tok, qwen25_config, shard_index=0, shard_count=1))
+    two = [list(PL.make_sft_loader({**cfg, "batch_size": 2}, qwen_tok, qwen25_config, shard_index=i, shard_count=2))
+           for i in range(2)]
+    assert len(one) == len(two[0]) == len(two[1]) >= 2
+    for k, batch in enumerate(one):
+        assert batch["where"] == two[0][k]["where"] + two[1][k]["where"]
+
+
 def test_packing_keeps_samples_apart(native_dataset, qwen_tok, qwen25_config):
     cfg = _cfg(native_dataset, num_epochs=1, pack=True, pack_samples=4, batch_size=2, pack_length=2048)
     it = PL.make_sft_loader(cfg, qwen_tok, qwen25_config, shard_index=0, shard_count=1)
@@ -161,6 +174,12 @@ def test_rl_batch_has_left_padded_prompts_and_targets(uni_gui_dir, qwen_tok, qwe
     np.testing.assert_array_equal(b["rope_deltas"], deltas)
     assert len(b["reward_targets"]) == 4 and all(isinstance(t, RW.Target) for t in b["reward_targets"])
     assert b["platform"] == ["desktop"] * 4 and all(t.tool_call is not None for t in b["reward_targets"])
+    # What MOPD checks its teachers against, and steps left out before reading, counted.
+    from guilibra_jax.train import data_source
+    assert it.info["platforms"] == ["desktop", "mobile"]
+    counts = data_source.drop_metrics(it)
+    assert counts["data/excluded/uni_gui_unused_step"] == 3 and counts["data/kept"] == 4
+    assert "left out when indexing: uni_gui_unused_step=3" in data_source.drop_report(it)
     it.close()
 
 

@@ -144,8 +144,8 @@ def test_dropped_prompts_answer_empty_and_rows_map_back(run):
     collate_rl moves them up (here each "answer" is the row's prompt length)."""
     obs = observations(run)
     lengths = sorted(int(m.sum()) for b in loader_batches(run) for m in b["prompt_mask"][:b["num_samples"]])
-    # the longest prompt's sample (prompt + stand-in target) is longer; the first steps' (short history) fit
-    short = make_agent("checkpoint", workdir=run.workdir, batch_size=BATCH, max_length=lengths[-1])
+    # max_length bounds an RL prompt: the longest prompt is past it; the first steps' (short history) fit
+    short = make_agent("checkpoint", workdir=run.workdir, batch_size=BATCH, max_length=lengths[-1] - 1)
     short._generate = lambda b: [str(int(m.sum())) for m in b["prompt_mask"][:b["num_samples"]]]
     alone = []
     for o in obs:

@@ -110,3 +110,55 @@ def test_save_hf_of_host_numpy_params_equals_device_params(tmp_path):
   b = load_file(str(tmp_path / "host" / "model.safetensors"))
   for k in a:
     np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_a_missing_shard_is_named_with_its_index_and_a_tensor(tmp_path):
+  hf = build_hf("qwen2_5_vl", seed=2)
+  hf.save_pretrained(tmp_path / "src")
+  model, config = load_hf(tmp_path / "src")
+  save_hf(model, config, str(tmp_path / "sharded"), max_shard_bytes=60_000)
+  index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+  shard = sorted(set(index["weight_map"].values()))[1]
+  first = sorted(k for k, v in index["weight_map"].items() if v == shard)[0]
+  os.remove(tmp_path / "sharded" / shard)
+  with pytest.raises(CheckpointError, match=rf"shard .*{shard} is missing: .*index\.json maps \d+ tensors to it "
+                                            rf"\(first: '{first}'\)"):
+    load_hf(tmp_path / "sharded")
+
+
+def test_an_unknown_architecture_names_config_json(loaded, tmp_path):
+  _, _, _, src = loaded["qwen2_5_vl"]
+  dst = tmp_path / "llama"
+  shutil.copytree(src, dst)
+  cfg = json.loads((dst / "config.json").read_text())
+  cfg.update(model_type="llama", architectures=["LlamaForCausalLM"])
+  (dst / "config.json").write_text(json.dumps(cfg))
+  with pytest.raises(CheckpointError, match=r"config\.json: model_type 'llama' "
+                                            r"\(architectures \['LlamaForCausalLM'\]\) is not supported"):
+    load_hf(dst)
+  (dst / "config.json").write_text("{not json")
+  with pytest.raises(CheckpointError, match=r"config\.json is not valid JSON"):
+    load_hf(dst)
+
+
+def test_a_tokenizer_of_another_model_names_the_token_file_and_tensor(loaded, tmp_path):
+  from guilibra_jax.data.demo_tokenizer import build_demo_tokenizer
+  _, _, config, src = loaded["qwen2_5_vl"]
+  dst = tmp_path / "mixed"
+  shutil.copytree(src, dst)
+  # A tokenizer whose vision tokens sit at other ids than config.json's (the demo BPE
+  # puts Qwen's special tokens at 0..19; the model says <|image_pad|> = 290).
+  build_demo_tokenizer(["click the button", "type hello"], 300, str(dst))
+  with pytest.raises(CheckpointError, match=r"tokenizer\.json: token <\|image_pad\|> has id \d+ but config\.json "
+                                            r"image_token_id is 290"):
+    load_hf(dst)
+  # Vision ids right but more tokens than embedding rows.
+  tok = json.loads((dst / "tokenizer.json").read_text())
+  for t in tok["added_tokens"]:
+    t["id"] = {"<|image_pad|>": 290, "<|video_pad|>": 291, "<|vision_start|>": 292, "<|vision_end|>": 293}.get(
+        t["content"], t["id"])
+  tok["added_tokens"].append({**tok["added_tokens"][0], "id": config.text.vocab_size + 5, "content": "<extra>"})
+  (dst / "tokenizer.json").write_text(json.dumps(tok))
+  with pytest.raises(CheckpointError, match=rf"tokenizer\.json holds token ids up to {config.text.vocab_size + 5} "
+                                            r"but tensor 'model\.embed_tokens\.weight' has 300 rows"):
+    load_hf(dst)

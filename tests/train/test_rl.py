@@ -17,6 +17,9 @@ from guilibra_jax import generate as G
 from guilibra_jax import models as M
 from guilibra_jax import sharding as S
 from guilibra_jax.train import fake_batch as F
+from guilibra_jax.errors import ConfigError
+from guilibra_jax.train import advantages as ADV
+from guilibra_jax.train import frozen as FZ
 from guilibra_jax.train import rl_loop
 from guilibra_jax.train import rollout as RO
 from guilibra_jax.train.loop import stack_micro_batches
@@ -144,33 +147,38 @@ def test_identical_policy_and_reference_give_zero_kl_and_zero_gradient(kind):
 
 def test_each_sequence_is_scored_by_its_platform_teacher():
     cfg, graphdef, params = tiny()
-    teachers = {label: rl_loop.Frozen(label, graphdef, sharpen(params, seed), cfg)
+    teachers = {label: FZ.Frozen(label, graphdef, sharpen(params, seed), cfg)
                 for label, seed in (("desktop", 11), ("mobile", 12))}
     ro = RO.expand_groups(rl_batch(cfg), GROUP)
     sample(cfg, graphdef, params, ro)
-    mesh = S.make_mesh(dict(data=-1, fsdp=1, tensor=1))
     n_slots = RO.sequence_batch(ro, np.arange(ro.rows), cfg, PATCH_BUCKET, 0)["input_ids"].shape[1] - ro.prompt_ids.shape[1]
-    banned = RO.vision_token_ids(cfg)
-    got = rl_loop._teacher_logp(ro, teachers, n_slots, PATCH_BUCKET, 0, 1.0, None, mesh, 1,
-                                np.zeros((ro.rows, ro.prompt_ids.shape[1] + n_slots), np.float32), banned)
+    calls = []
+
+    def score_teacher(f, rows):
+        calls.append((f.name, len(rows)))
+        return score_rows(cfg, f.graphdef, f.params, ro, rows, n_slots)
+
+    out = lambda: np.zeros((ro.rows, ro.prompt_ids.shape[1] + n_slots), np.float32)
+    got = FZ.score_by_platform(ro.platform, ro.valid, teachers, score_teacher, 1, out())
+    # desktop has 4 of 6 rows -> padded to the next fixed size (6); mobile 2 -> 3 (6 // 2)
+    assert calls == [("desktop", 6), ("mobile", 3)]
     for r in range(ro.rows):
         t = teachers[ro.platform[r]]
         want = score_rows(cfg, t.graphdef, t.params, ro, [r], n_slots)[0]
         np.testing.assert_allclose(got[r], want, atol=2e-5, err_msg=f"row {r} ({ro.platform[r]})")
         wrong = teachers["mobile" if ro.platform[r] == "desktop" else "desktop"]
         assert np.abs(score_rows(cfg, wrong.graphdef, wrong.params, ro, [r], n_slots)[0] - got[r]).max() > 1e-3
-    with pytest.raises(KeyError, match="no teacher for platform labels"):
-        rl_loop._teacher_logp(ro, {"desktop": teachers["desktop"]}, n_slots, PATCH_BUCKET, 0, 1.0, None, mesh, 1,
-                              np.zeros_like(got), banned)
-    fallback = rl_loop._teacher_logp(ro, {"desktop": teachers["desktop"], "*": teachers["mobile"]}, n_slots,
-                                     PATCH_BUCKET, 0, 1.0, None, mesh, 1, np.zeros_like(got), banned)
+    with pytest.raises(ConfigError, match="rl.teachers has no teacher for platform labels"):
+        FZ.score_by_platform(ro.platform, ro.valid, {"desktop": teachers["desktop"]}, score_teacher, 1, out())
+    fallback = FZ.score_by_platform(ro.platform, ro.valid, {"desktop": teachers["desktop"], "*": teachers["mobile"]},
+                                    score_teacher, 1, out())
     np.testing.assert_allclose(fallback, got, atol=2e-5)
 
 
 def rl_config(**kw):
     rl = mlc.ConfigDict(dict(normalize_std=False, sngs=dict(enabled=True, lambda0=0.5, kappa=1.5,
                                                              signal="mean_reward"),
-                             mopd=dict(kl_mask_tau=0.1, pass_floor=0.01)))
+                             mopd=dict(kl_mask_tau=0.1, pass_floor=0.01, kl_mask="paper")))
     rl.update(kw)
     return rl
 
@@ -190,6 +198,40 @@ def test_advantages_sngs_pass_floor_and_kl_mask_by_hand():
     mopd = rl_loop.advantages(rewards, rewards >= 1.0, 4, "mopd", rl_config())
     np.testing.assert_allclose(mopd["advantages"], [1.125, -0.375, -0.375, -0.375, 0, 0, 0, 0])
     np.testing.assert_array_equal(mopd["kl_mask"], [0, 0, 0, 0, 1, 1, 1, 1])
+
+
+def test_kl_mask_off_keeps_the_kl_and_the_advantages_everywhere():
+    """The UI-MOPD release script: no KL mask and no pass-rate floor."""
+    rewards = np.array([1.0, -0.5, -0.5, -0.5, -0.5, -0.5, -1.0, -0.5])
+    off = rl_loop.advantages(rewards, rewards >= 1.0, 4, "mopd", rl_config(mopd=dict(kl_mask_tau=0.1,
+                                                                                   pass_floor=0.01, kl_mask="off")))
+    np.testing.assert_allclose(off["advantages"], [1.125, -0.375, -0.375, -0.375, 0.125, 0.125, -0.375, 0.125])
+    np.testing.assert_array_equal(off["kl_mask"], np.ones(8))
+
+
+def test_release_kl_mask_weights_by_hand():
+    """release: KL token mean over unmasked sequences x unmasked fraction of sequences.
+    Rows: tokens 4, 2, 3, 1; mask 1, 0, 1, 0 -> N = 10, N_on = 7, n = 4, n_on = 2; weight
+    of an unmasked sequence = (10 / 7) * (2 / 4), so that sum_on(k3) * w / N = sum_on(k3) / 7 * 1/2."""
+    mask = np.array([1.0, 0.0, 1.0, 0.0])
+    counts = np.array([4, 2, 3, 1])
+    totals = ADV.kl_totals(mask, counts)
+    np.testing.assert_array_equal(totals, [10, 7, 4, 2])
+    np.testing.assert_allclose(ADV.kl_weights(mask, "release", totals), [10 / 7 * 0.5, 0, 10 / 7 * 0.5, 0])
+    np.testing.assert_array_equal(ADV.kl_weights(mask, "paper"), mask)
+    np.testing.assert_array_equal(ADV.kl_weights(mask, "off"), np.ones(4))
+    # the loss's KL term with these weights equals the release's formula on any per-token k3
+    k3 = [np.arange(1, n + 1, dtype=float) for n in counts]
+    w = ADV.kl_weights(mask, "release", totals)
+    ours = sum(wi * x.sum() for wi, x in zip(w, k3)) / counts.sum()
+    release = sum(x.sum() for x, m in zip(k3, mask) if m) / 7 * (2 / 4)
+    np.testing.assert_allclose(ours, release)
+
+
+def test_group_filter_keeps_groups_strictly_between_zero_and_one():
+    success = np.array([1, 1, 1, 1,  1, 0, 0, 0,  0, 0, 0, 0,  1, 0, 1, 1], bool)
+    valid = np.array([True] * 12 + [False] * 4)
+    np.testing.assert_array_equal(ADV.keep_groups(success, valid, 4), [False, True, False, False])
 
 
 def test_kl_mask_switches_the_kl_gradient_off_exactly_for_masked_groups():
@@ -232,3 +274,47 @@ def test_grpo_updates_raise_the_reward_of_a_bandit():
             "vision": jax.tree.map(lambda x: jnp.asarray(x)[None], M.vision.device_vision_inputs(host["vision"]))}
         state, _ = step(state, stacked)
     assert np.mean(means[-3:]) > np.mean(means[:3]) + 0.3, means
+
+
+def _fake_stage(monkeypatch, successes_per_round, update_groups, max_rounds, group=2):
+    """collect() over rounds whose per-row successes are given (2 prompts of G=2 per round)."""
+    rounds = iter(successes_per_round)
+
+    def fake_rollout(s, params, batch, key):
+        n = len(batch["ids"]) * group
+        ro = RO.Rollout(group_size=group, prompt_ids=np.zeros((n, 3), np.int32), prompt_mask=np.ones((n, 3), np.int32),
+                        positions=np.zeros((3, n, 3), np.int32), rope_deltas=np.zeros(n, np.int32),
+                        grids=[None] * n, pixels=[None] * n, valid=np.ones(n, bool), targets=[None] * n,
+                        platform=["desktop"] * n, resized_size=[(8, 8)] * n,
+                        tokens=np.repeat(np.asarray(batch["ids"]), group)[:, None].astype(np.int32),
+                        lengths=np.ones(n, np.int32))
+        ro.texts = [""] * n
+        return ro
+
+    def fake_reward(s, ro):
+        ok = np.asarray(next(rounds), bool)
+        return RO.Scored(ok.astype(np.float32), ok, {})
+
+    monkeypatch.setattr(rl_loop, "rollout", fake_rollout)
+    monkeypatch.setattr(rl_loop, "reward", fake_reward)
+    config = mlc.ConfigDict(dict(data=dict(batch_size=2), rl=dict(group_size=group, update_groups=update_groups,
+                                                                  group_filter=dict(enabled=True,
+                                                                                    max_rounds=max_rounds))))
+    stage = rl_loop.Stage2(config, *([None] * 10), row_multiple=1)
+    prompts = iter([{"ids": [10 * r, 10 * r + 1]} for r in range(10)])
+    return rl_loop.collect(stage, None, prompts, 0, jax.random.PRNGKey(0))
+
+
+def test_group_filter_samples_more_rounds_until_the_update_is_full(monkeypatch):
+    # round 0: group 0 all pass (dropped), group 1 mixed (kept); round 1: group 0 all fail
+    # (dropped), group 1 mixed (kept) -> 2 groups kept after 2 rounds, prompts 1 and 11.
+    c = _fake_stage(monkeypatch, [[1, 1, 1, 0], [0, 0, 0, 1]], update_groups=2, max_rounds=0)
+    assert (c.rounds, c.kept_groups, c.dropped_groups, c.short_groups) == (2, 2, 2, 0)
+    np.testing.assert_array_equal(c.ro.tokens[:, 0], [1, 1, 11, 11])
+    assert c.ro.valid.all()
+
+
+def test_group_filter_round_limit_completes_the_update_with_lossless_groups(monkeypatch):
+    c = _fake_stage(monkeypatch, [[1, 1, 0, 0], [0, 0, 1, 1]], update_groups=2, max_rounds=2)
+    assert (c.rounds, c.kept_groups, c.short_groups) == (2, 0, 2)
+    assert not c.ro.valid.any() and c.ro.rows == 4      # shapes kept, no loss, logged as short

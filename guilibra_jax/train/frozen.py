@@ -1,0 +1,152 @@
+"""The frozen models of stage 2: GRPO's reference and UI-MOPD's platform teachers.
+
+They are only scored: parameters in the compute dtype, sharded over the whole mesh like the
+policy's (FSDP / tensor, across all hosts), no optimizer state. A model comes from a
+Hugging Face folder, a training workdir of ours (its latest checkpoint), or, for smoke
+tests that need no earlier run, ``random:<seed>``: a random model of the policy's own
+architecture with that seed.
+
+Teacher routing (:func:`score_by_platform`): each teacher scores only the rows of its own
+platform label (``*`` takes every other label). Processes hold different platform mixes,
+so per teacher the processes agree on one padded row count from a few fixed sizes (few
+compiled shapes); a process with fewer rows pads with copies of one of its rows, whose
+scores are dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from flax import nnx
+
+from guilibra_jax import generate as G
+from guilibra_jax.errors import ConfigError
+from guilibra_jax.train import model_factory
+from guilibra_jax.train import multihost as MH
+
+log = logging.getLogger(__name__)
+
+RANDOM_PREFIX = "random:"
+
+
+@dataclasses.dataclass
+class Frozen:
+    """A scored-only model: graphdef, params sharded on the mesh, its ModelConfig."""
+
+    name: str
+    graphdef: Any
+    params: Any
+    model_config: Any
+
+    @property
+    def bytes(self) -> int:
+        return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.params)))
+
+
+def is_random_spec(spec: str) -> bool:
+    return spec.startswith(RANDOM_PREFIX)
+
+
+def check_spec(key: str, spec: str) -> None:
+    """Raise ConfigError unless ``spec`` is ``random:<int>`` or an existing folder."""
+    if is_random_spec(spec):
+        try:
+            int(spec[len(RANDOM_PREFIX):])
+        except ValueError:
+            raise ConfigError(f"config key {key} = {spec!r} is invalid: expected random:<integer seed>") from None
+    elif not os.path.isdir(spec):
+        raise ConfigError(f"config key {key} = {spec!r} is invalid: expected an existing Hugging Face folder, "
+                          f"training workdir, or random:<seed>")
+
+
+def load(name: str, spec: str, config, mesh, tokenizer, *, materialize: bool = True) -> Frozen:
+    """The frozen model ``spec`` (see module doc) in ``config.model.dtype``, sharded on
+    ``mesh``; ``materialize=False``: abstract parameters only (for memory plans)."""
+    dtype = config.model.dtype
+    if not materialize:
+        graphdef, params, _ = model_factory.abstract_model(spec_model_config(spec, config, tokenizer), mesh,
+                                                           **model_factory.model_kwargs(config, dtype=dtype))
+        return Frozen(name, graphdef, params, spec_model_config(spec, config, tokenizer))
+    if is_random_spec(spec):
+        run = config.copy_and_resolve_references()
+        run.model.seed = int(spec[len(RANDOM_PREFIX):])
+        run.model.dtype = run.model.param_dtype = dtype
+        model, mc = model_factory.build_model(run, tokenizer, mesh=mesh)
+        graphdef, pstate, _ = nnx.split(model, nnx.Param, ...)
+        frozen = Frozen(name, graphdef, nnx.to_pure_dict(pstate), mc)
+    else:
+        graphdef, params, mc = model_factory.load_frozen(spec, dtype=dtype, param_dtype=dtype, mesh=mesh)
+        frozen = Frozen(name, graphdef, params, mc)
+    n = sum(x.size for x in jax.tree.leaves(frozen.params))
+    log.info("%s: %s (%.1fM parameters, %s)", name, spec, n / 1e6, dtype)
+    return frozen
+
+
+def spec_model_config(spec: str, config, tokenizer):
+    """The architecture of frozen model ``spec`` without loading weights: a folder's
+    config, the policy's for ``random:<seed>``, and for an unset spec (planning a recipe
+    before its teachers exist) ``rl.teacher_model_name`` or the policy's."""
+    from guilibra_jax import models as M
+    from guilibra_jax.train import config as run_config
+    if not spec or is_random_spec(spec):
+        name = config.rl.get("teacher_model_name", "") if not spec else ""
+        return M.named_config(name) if name else model_factory.model_config_of(config, tokenizer)
+    if any(f.endswith(".safetensors") for f in os.listdir(spec)):
+        return M.ModelConfig.from_hf(spec)
+    run = run_config.load_run_config(spec)
+    tok_dir = run.tokenizer.path or run.model.hf_path or os.path.join(spec, "tokenizer")
+    return model_factory.model_config_of(run, model_factory.load_tokenizer(tok_dir))
+
+
+def from_params(name: str, graphdef, params, model_config, dtype, param_sh) -> Frozen:
+    """A frozen copy of the policy's parameters (GRPO's default reference), cast to ``dtype``."""
+    cast = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(dtype), p), out_shardings=param_sh)(params)
+    return Frozen(name, graphdef, cast, model_config)
+
+
+def score(f: Frozen, seq: dict, *, temperature: float, chunk: int | None, banned: tuple[int, ...]) -> jax.Array:
+    """Per-token log-probs [R, T] (global rows) of the device sequence batch ``seq``."""
+    return G.score(f.graphdef, f.params, seq["input_ids"], seq["positions"], seq["segment_ids"],
+                   seq["pixel_values"], seq["vision"], seq["response_mask"], temperature=temperature,
+                   chunk_size=chunk, banned_token_ids=banned)
+
+
+def row_sizes(local_rows: int, multiple: int) -> tuple[int, ...]:
+    """Padded per-process row counts a teacher call may use (few shapes, few compiles)."""
+    sizes = {s for s in (local_rows // 4, local_rows // 2) if s > 0 and s % multiple == 0}
+    return tuple(sorted(sizes | {local_rows}))
+
+
+def score_by_platform(platforms: list[str], valid: np.ndarray, teachers: dict[str, Frozen],
+                      score_rows: Callable[[Frozen, np.ndarray], np.ndarray], row_multiple: int,
+                      out: np.ndarray) -> np.ndarray:
+    """Fill ``out`` [local rows, T] with each valid row's log-probs under the teacher of its
+    platform label. ``score_rows(teacher, rows)`` scores local row indices ``rows`` (a
+    collective call: every process passes the same number of rows) and returns
+    [len(rows), T]. A collective: every process calls it with its own rows."""
+    labels = np.array([p or "" for p in platforms])
+    named = sorted(k for k in teachers if k != "*")
+    rest = valid & ~np.isin(labels, named)
+    missing = sorted(set(MH.gather_strings(sorted(set(labels[rest])))) if "*" not in teachers else set())
+    if missing:
+        raise ConfigError(f"config key rl.teachers has no teacher for platform labels {missing}: it has "
+                          f"{sorted(teachers)} (add them, or '*' for a default teacher)")
+    calls = [(k, np.nonzero(valid & (labels == k))[0]) for k in named]
+    if "*" in teachers:
+        calls.append(("*", np.nonzero(rest)[0]))
+    sizes = row_sizes(len(labels), row_multiple)
+    for key, rows in calls:
+        need = MH.agree_max(len(rows))
+        if need == 0:
+            continue
+        size = next(s for s in sizes if s >= need)
+        fill = rows[0] if len(rows) else int(np.argmax(valid)) if valid.any() else 0
+        padded = np.concatenate([rows, np.full(size - len(rows), fill, np.int64)]).astype(np.int64)
+        scored = score_rows(teachers[key], padded)
+        out[rows] = scored[:len(rows)]
+    return out

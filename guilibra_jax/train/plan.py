@@ -1,0 +1,353 @@
+"""Compile-time memory plans: will a recipe fit its devices, before the job starts?
+
+The recipe's own jitted programs (the ASFT step; for stage 2 the update step, the sampler
+and every scoring pass) are lowered and compiled ahead of time at the recipe's largest
+shapes on its mesh, from abstract arrays (nothing is allocated). Per device:
+
+* parameters, optimizer state and frozen models: from the arrays' shardings (exact);
+* temporaries of each program (activations, gradients inside the update, the sampler's KV
+  cache and logits): XLA's ``memory_analysis()`` of the compiled per-device program;
+* peak = what stays resident (policy, optimizer state, frozen models) + the largest
+  program's temporaries and inputs (programs run one after another).
+
+Compiled for the CPU (``launch.plan`` with fake devices), temporaries approximate a GPU's:
+XLA's CPU and GPU backends fuse and schedule differently, and the CPU may compute bf16 in
+f32. The trainer writes the same report for its real devices as ``memory_plan.json``.
+
+Shapes: micro-batch rows over all processes; prompts of ``max(data.seq_buckets)`` (or
+``data.max_length``) tokens with one image of ``max_pixels``; ``rl.max_new_tokens``
+response slots.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from guilibra_jax import sharding as S
+from guilibra_jax.data import images as I
+from guilibra_jax.models.vision import device_vision_inputs, prepare_vision_inputs
+
+GIB = 2 ** 30
+HEADROOM = 0.9   # XLA and the runtime keep some memory for themselves (e.g. the GPU allocator's reserve)
+
+
+# ----------------------------------------------------------------------------- bytes
+def per_device_bytes(tree) -> int:
+    """Bytes one device holds of a tree of (abstract) arrays with shardings (the most
+    loaded device when shards differ)."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        sh = getattr(x, "sharding", None)
+        shape = sh.shard_shape(x.shape) if sh is not None else x.shape
+        total += math.prod(shape) * jnp.dtype(x.dtype).itemsize
+    return int(total)
+
+
+def abstract(tree, shardings=None):
+    """ShapeDtypeStructs (with shardings) of a tree of arrays."""
+    if shardings is None:
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+                            tree)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def compiled_stats(compiled) -> dict[str, int]:
+    """Per-device bytes of a compiled program (XLA's memory analysis)."""
+    m = compiled.memory_analysis()
+    if m is None:
+        return {}
+    keys = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
+            "generated_code_size_in_bytes")
+    return {k.replace("_size_in_bytes", ""): int(getattr(m, k, 0) or 0) for k in keys}
+
+
+# ----------------------------------------------------------------------------- shapes
+def prompt_length(config) -> int:
+    d = config.data
+    return int(max(d.seq_buckets) if d.seq_buckets else d.max_length)
+
+
+def patches_per_image(config, model_config) -> int:
+    """Patch rows of one image at the run's largest pixel budget (any platform's)."""
+    d = config.data
+    budgets = [d.max_pixels or I.processor_config(model_config.family, model_config=model_config).max_pixels]
+    pixels = d.get("pixels", None) if hasattr(d, "get") else None
+    if pixels:
+        budgets += [int(v[1]) for v in dict(pixels).values() if v and v[1]]
+    p = model_config.vision.patch_size
+    mu = model_config.vision.merge_unit
+    n = max(budgets) // (p * p)
+    return max(mu, n // mu * mu)
+
+
+def batch_struct(mesh, host: dict, micro_axis: bool) -> dict:
+    """Abstract global batch of host-shaped arrays placed like ``batching.put_batch``:
+    rows over (data, fsdp), images and vision metadata replicated."""
+    batch_dim = 1 if micro_axis else 0
+
+    def one(path, x):
+        name = str(getattr(path[0], "key", path[0]))
+        x = np.asarray(x)
+        if name in ("pixel_values", "vision") or x.ndim <= batch_dim:
+            sh = S.replicated(mesh)
+        else:
+            sh = S.batch_sharding(mesh, x.ndim, batch_dim + (1 if name == "positions" else 0))
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh)
+
+    return jax.tree_util.tree_map_with_path(one, host)
+
+
+def image_inputs(config, model_config, rows: int, processes: int = 1) -> tuple[np.ndarray, dict]:
+    """Host-shaped (zeros) pixel_values [P, D] and vision arrays for ``rows`` images of the
+    largest size, padded as the trainer pads (per process, then joined)."""
+    vc = model_config.vision
+    per = patches_per_image(config, model_config)
+    bucket = config.data.patch_bucket
+    local = -(-(rows // processes) * per // bucket) * bucket
+    total = max(local, bucket) * processes
+    m = vc.spatial_merge_size
+    vision = device_vision_inputs(prepare_vision_inputs(np.array([[1, m, total // m]]), model_config,
+                                                        num_patches=total))
+    dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size * vc.patch_size
+    return np.zeros((total, dim), np.float32), vision
+
+
+def _struct_like(x, dtype=None):
+    return np.zeros(np.shape(x), dtype or np.asarray(x).dtype)
+
+
+# ----------------------------------------------------------------------------- report
+def _report(mesh, resident: dict[str, int], programs: dict[str, dict[str, int]], device_memory_gib: float,
+            extra: dict | None = None) -> dict:
+    """Per-device GiB components, the peak and whether it fits."""
+    gib = lambda b: round(b / GIB, 4)
+    resident_total = sum(resident.values())
+    transient = {name: st.get("temp", 0) + max(0, st.get("argument", 0) - st.get("resident_args", 0))
+                 for name, st in programs.items()}
+    worst = max(transient, key=transient.get) if transient else None
+    peak = resident_total + (transient[worst] if worst else 0)
+    budget = device_memory_gib * GIB * HEADROOM if device_memory_gib else None
+    components = {k: gib(v) for k, v in resident.items()}
+    components.update({f"{k} (temporaries + inputs)": gib(v) for k, v in transient.items()})
+    report = {"devices": int(mesh.devices.size), "mesh": {k: int(v) for k, v in mesh.shape.items()},
+              "device_memory_gib": device_memory_gib, "usable_gib": gib(budget) if budget else None,
+              "per_device_gib": components, "peak_gib": gib(peak), "peak_program": worst,
+              "fits": bool(peak <= budget) if budget else None, "programs": programs, **(extra or {})}
+    if report["fits"] is False:
+        biggest = max({**resident, **({worst: transient[worst]} if worst else {})}.items(), key=lambda kv: kv[1])
+        report["overflow"] = biggest[0]
+        report["suggestion"] = suggestion(biggest[0], mesh)
+    return report
+
+
+def suggestion(component: str, mesh) -> str:
+    if component in ("policy_params", "optimizer_state", "gradients") or component.startswith("frozen_"):
+        return (f"shard the weights over more devices: raise mesh.fsdp (now {mesh.shape['fsdp']}) or mesh.tensor "
+                f"(now {mesh.shape['tensor']}), keep frozen models in bf16 (model.dtype), or use more hosts")
+    if component == "sampler":
+        return ("the sampler's KV cache and logits: fewer rollouts per round (data.batch_size or rl.group_size), "
+                "shorter rl.max_new_tokens, or more tensor parallelism (mesh.tensor)")
+    return ("activations: a stronger remat policy (model.remat=nothing_saveable or full), smaller micro-batches "
+            "(raise train.grad_accum), rl.score_chunk for the vocabulary projection, or shorter sequences")
+
+
+def device_memory_gib(mesh) -> float | None:
+    """Memory of the mesh's first local device (its allocator's limit), None when the
+    backend does not say (CPU)."""
+    local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+    try:
+        stats = local[0].memory_stats() if local else None
+    except Exception:  # backends without memory stats
+        stats = None
+    limit = (stats or {}).get("bytes_limit")
+    return limit / GIB if limit else None
+
+
+def summary_line(report: dict) -> str:
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in report["per_device_gib"].items())
+    if report["fits"] is None:
+        return f"{parts}; peak {report['peak_gib']:.2f} GiB (device memory unknown)"
+    verdict = "fits" if report["fits"] else f"does NOT fit ({report.get('overflow')})"
+    return f"{parts}; peak {report['peak_gib']:.2f} of {report['usable_gib']:.2f} GiB usable: {verdict}"
+
+
+# ----------------------------------------------------------------------------- ASFT
+def plan_sft(config, mesh, graphdef, state, state_sh, step_jit, model_config, device_memory_gib: float = 80.0,
+             processes: int = 1) -> dict:
+    """The ASFT step at the recipe's shapes: ``state`` abstract or concrete with
+    ``state_sh``; ``step_jit`` the jitted (state, batch) -> (state, metrics)."""
+    d, tc = config.data, config.train
+    rows, T, M = d.batch_size, prompt_length(config), tc.grad_accum
+    pv, vision = image_inputs(config, model_config, rows, processes)
+    i32 = np.zeros((M, rows, T), np.int32)
+    host = {"input_ids": i32, "targets": i32, "loss_segments": i32, "segment_ids": i32,
+            "positions": np.zeros((M, 3, rows, T), np.int32), "pixel_values": np.stack([pv] * M),
+            "vision": {k: np.stack([v] * M) for k, v in vision.items()}}
+    abs_state = abstract(state, state_sh)
+    compiled = step_jit.lower(abs_state, batch_struct(mesh, host, micro_axis=True)).compile()
+    st = compiled_stats(compiled)
+    params_b = per_device_bytes(abs_state["params"])
+    opt_b = per_device_bytes(abs_state["opt_state"])
+    st["resident_args"] = per_device_bytes(abs_state)
+    resident = {"policy_params": params_b, "optimizer_state": opt_b}
+    grads = params_b
+    step = {**st, "gradients_estimate": grads}
+    return _report(mesh, resident, {"asft_step": step}, device_memory_gib,
+                   {"shapes": {"micro_batches": M, "rows": rows, "tokens": T, "patches": int(pv.shape[0])}})
+
+
+# ----------------------------------------------------------------------------- stage 2
+def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: int | None = None) -> dict:
+    """Update, sampler and scoring programs of a stage-2 run (``rl_loop.Stage2``)."""
+    from guilibra_jax import generate as G
+    from guilibra_jax.train import rl_loop
+
+    config, mesh, mc = s.config, s.mesh, s.model_config
+    rl, tc = config.rl, config.train
+    processes = processes or jax.process_count()
+    Tp, N = prompt_length(config), rl.max_new_tokens
+    T = Tp + N
+    gen_rows = config.data.batch_size * rl.group_size
+    upd_rows = rl_loop.update_groups(config) * rl.group_size
+    micro_rows = upd_rows // rl.minibatches // tc.grad_accum
+    M = tc.grad_accum
+    abs_state = abstract(state, state_sh)
+    resident = {"policy_params": per_device_bytes(abs_state["params"]),
+                "optimizer_state": per_device_bytes(abs_state["opt_state"])}
+    for name, f in s.frozen.items():
+        resident[f"frozen_{name}"] = per_device_bytes(f.params)
+    programs: dict[str, dict[str, int]] = {}
+
+    # update step
+    pv, vision = image_inputs(config, mc, micro_rows, processes)
+    i32 = np.zeros((M, micro_rows, T), np.int32)
+    f32 = np.zeros((M, micro_rows, T), np.float32)
+    host = {"input_ids": i32, "segment_ids": i32, "positions": np.zeros((M, 3, micro_rows, T), np.int32),
+            "response_mask": i32, "old_logp": f32, "ref_logp": f32,
+            "advantages": np.zeros((M, micro_rows), np.float32), "kl_mask": np.zeros((M, micro_rows), np.float32),
+            "pixel_values": np.stack([pv] * M), "vision": {k: np.stack([v] * M) for k, v in vision.items()}}
+    st = compiled_stats(s.update_fn.lower(abs_state, batch_struct(mesh, host, micro_axis=True)).compile())
+    st["resident_args"] = per_device_bytes(abs_state)
+    st["gradients_estimate"] = resident["policy_params"]
+    programs["update"] = st
+
+    # sampler: prefill + decode loop (KV cache of T - 1 slots)
+    pv, vision = image_inputs(config, mc, gen_rows, processes)
+    prompt = {"prompt_ids": np.zeros((gen_rows, Tp), np.int32), "prompt_mask": np.zeros((gen_rows, Tp), np.int32),
+              "positions": np.zeros((3, gen_rows, Tp), np.int32), "rope_deltas": np.zeros((gen_rows,), np.int32),
+              "pixel_values": pv, "vision": vision}
+    b = batch_struct(mesh, prompt, micro_axis=False)
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=S.replicated(mesh))
+    compiled = G._generate_jit.lower(s.graphdef, abs_state["params"], b["prompt_ids"], b["prompt_mask"],
+                                     b["positions"], b["rope_deltas"], b["pixel_values"], b["vision"], key,
+                                     s.sampling).compile()
+    st = compiled_stats(compiled)
+    st["resident_args"] = resident["policy_params"]
+    st["kv_cache_estimate"] = kv_cache_bytes(mc, gen_rows, T - 1, config.model.dtype, mesh)
+    programs["sampler"] = st
+
+    # scoring: the policy (old log-probs) and each frozen model on a generation round's rows
+    seq = {"input_ids": np.zeros((gen_rows, T), np.int32), "positions": np.zeros((3, gen_rows, T), np.int32),
+           "segment_ids": np.zeros((gen_rows, T), np.int32), "pixel_values": pv, "vision": vision,
+           "response_mask": np.zeros((gen_rows, T), np.int32)}
+    b = batch_struct(mesh, seq, micro_axis=False)
+    for name, gd, params in [("policy", s.graphdef, abs_state["params"])] + [
+            (n, f.graphdef, abstract(f.params)) for n, f in s.frozen.items()]:
+        compiled = G.score.lower(gd, params, b["input_ids"], b["positions"], b["segment_ids"], b["pixel_values"],
+                                 b["vision"], b["response_mask"], temperature=float(rl.temperature),
+                                 chunk_size=s.chunk, banned_token_ids=s.banned).compile()
+        st = compiled_stats(compiled)
+        st["resident_args"] = per_device_bytes(params)
+        programs[f"score_{name}"] = st
+    shapes = {"generation_rows": gen_rows, "update_rows": upd_rows, "micro_rows": micro_rows, "micro_batches": M,
+              "prompt_tokens": Tp, "response_tokens": N, "patches_per_image": patches_per_image(config, mc)}
+    return _report(mesh, resident, programs, device_memory_gib, {"shapes": shapes})
+
+
+def kv_cache_bytes(model_config, rows: int, slots: int, dtype: str, mesh) -> int:
+    """Per-device bytes of the sampler's KV cache (rows over (data, fsdp), kv heads over tensor)."""
+    t = model_config.text
+    dp = math.prod(mesh.shape[a] for a in S.BATCH_AXES)
+    tp = mesh.shape["tensor"] if t.num_kv_heads % mesh.shape["tensor"] == 0 else 1
+    per = 2 * t.num_layers * slots * (t.num_kv_heads // tp) * t.head_dim * jnp.dtype(dtype).itemsize
+    return int(-(-rows // dp) * per)
+
+
+# ----------------------------------------------------------------------------- a recipe
+def plan_config(config, devices: int, hosts: int = 1, device_memory_gib: float | None = 80.0,
+                workdir: str = "") -> dict:
+    """The memory plan of ``config`` on ``devices`` devices (this process's, fake on a CPU)
+    over ``hosts`` processes; the programs are compiled, nothing is allocated."""
+    from guilibra_jax.errors import ConfigError
+
+    if jax.device_count() != devices:
+        raise ConfigError(f"--devices={devices} but this process has {jax.device_count()} devices: XLA_FLAGS was set "
+                          f"before launch.plan started; unset it")
+    if devices % hosts:
+        raise ConfigError(f"--hosts={hosts} does not divide --devices={devices}")
+    if config.data.batch_size % hosts:
+        raise ConfigError(f"config key data.batch_size = {config.data.batch_size} is invalid: expected a multiple of "
+                          f"--hosts={hosts}")
+    from guilibra_jax.train.multihost import run_mesh
+    mesh = run_mesh(config)
+    tokenizer = _tokenizer(config, workdir)
+    if config.method == "sft":
+        return _plan_sft(config, mesh, tokenizer, device_memory_gib, hosts)
+    from guilibra_jax.train import rl_loop
+    s, state, state_sh = rl_loop.setup(config, mesh, tokenizer, materialize=False)
+    return plan_stage2(s, state, state_sh, device_memory_gib, processes=hosts)
+
+
+def _tokenizer(config, workdir: str):
+    """The run's tokenizer when it has one without downloads; None for named sizes."""
+    from guilibra_jax.train import data_source
+    if config.model.hf_path or config.tokenizer.path or config.model.name == "tiny":
+        return data_source.prepare_tokenizer(config, workdir or tempfile.mkdtemp(prefix="plan-"))
+    return None
+
+
+def _plan_sft(config, mesh, tokenizer, device_memory_gib, hosts):
+    from guilibra_jax.train import model_factory
+    from guilibra_jax.train.loop import optimizer_from_config, sharded_state
+    from guilibra_jax.train.sft_step import sft_step_from_config
+
+    mc = model_factory.model_config_of(config, tokenizer)
+    graphdef, params, param_sh = model_factory.abstract_model(mc, mesh, **model_factory.model_kwargs(config))
+    tx, schedule = optimizer_from_config(config, params, config.train.steps)
+    state, state_sh = sharded_state(params, tx, param_sh, mesh, materialize=False)
+    step = sft_step_from_config(config, graphdef, tx, schedule)
+    jit_step = jax.jit(step, in_shardings=(state_sh, None), out_shardings=(state_sh, None), donate_argnums=0)
+    return plan_sft(config, mesh, graphdef, state, state_sh, jit_step, mc, device_memory_gib, hosts)
+
+
+def format_report(report: dict) -> str:
+    lines = [f"mesh {report['mesh']} ({report['devices']} devices), per device (GiB):"]
+    for k, v in report["per_device_gib"].items():
+        lines.append(f"  {k:<44} {v:10.3f}")
+    for name, st in report["programs"].items():
+        extra = {k: round(v / 2**30, 3) for k, v in st.items() if k.endswith("_estimate")}
+        if extra:
+            lines.append(f"  ({name}: {', '.join(f'{k[:-9]} ~{v} GiB' for k, v in extra.items())} of its temporaries)")
+    usable = report["usable_gib"]
+    lines.append(f"  {'peak (' + str(report['peak_program']) + ')':<44} {report['peak_gib']:10.3f}"
+                 + (f"  of {usable:.2f} usable" if usable else ""))
+    if report["fits"] is None:
+        lines.append("fits: unknown (no device memory given)")
+    elif report["fits"]:
+        lines.append("fits: yes")
+    else:
+        lines.append(f"fits: NO: {report['overflow']} overflows; {report['suggestion']}")
+    return "\n".join(lines)
+
+
+def dry_run_summary(config) -> str:
+    """``launch.train --dry_run``: the plan of ``config`` on this process's devices."""
+    mem = device_memory_gib(S.make_mesh(dict(config.mesh)))
+    return format_report(plan_config(config, jax.device_count(), jax.process_count(), mem))

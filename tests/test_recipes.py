@@ -1,0 +1,103 @@
+"""Every training recipe in configs/ validates, names the hardware it is sized for (in its
+docstring and its ``hardware`` entry), has a mesh that fits that hardware, and plans
+(compiles ahead of time) on that many fake devices: at tiny size in the default run (the
+same planning code: mesh, shardings, update / sampler / scoring programs), at real size in
+a slow test whose figures the README quotes."""
+import collections
+import importlib
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from guilibra_jax.train import config as run_config
+from launch import recipes as R
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def train_recipes():
+    """Every training recipe and argument (the default one too), smoke variants aside."""
+    out = []
+    for r in R.list_recipes():
+        if r.kind != "train":
+            continue
+        args = [a for a in r.args if a != "smoke"]
+        if r.default is None or r.default not in args:
+            args.insert(0, "")
+        out += [f"{r.path}:{a}" if a else r.path for a in args]
+    return out
+
+
+def load(spec):
+    path, _, arg = spec.partition(":")
+    module = importlib.import_module(path[:-3].replace("/", "."))
+    return module, (module.get_config(arg) if arg else module.get_config())
+
+
+@pytest.mark.parametrize("spec", train_recipes())
+def test_recipe_validates_and_its_mesh_fits_its_hardware(spec):
+    module, c = load(spec)
+    run_config.validate(c, planning=True)
+    hw = c.hardware
+    assert hw.name and hw.name in (module.__doc__ or ""), f"{spec}: docstring must name its hardware {hw.name!r}"
+    devices = hw.hosts * hw.devices_per_host
+    fixed = math.prod(c.mesh[a] for a in ("data", "fsdp", "tensor") if c.mesh[a] != -1)
+    assert devices % fixed == 0, f"{spec}: mesh {c.mesh.to_dict()} does not divide {devices} devices"
+    assert c.data.batch_size % hw.hosts == 0
+
+
+def _plan(specs, devices, tiny):
+    cmd = [sys.executable, os.path.join(ROOT, "tests", "plan_worker.py"), f"--devices={devices}",
+           f"--recipes={','.join(specs)}"] + (["--tiny"] if tiny else [])
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def _by_devices(tiny: bool):
+    """{devices: recipes}; with ``tiny``, one recipe per distinct tiny config (variants that
+    differ only in model size are the same program at tiny size)."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from plan_worker import shrink
+    groups, seen = collections.defaultdict(list), set()
+    for spec in train_recipes():
+        c = load(spec)[1]
+        if tiny:
+            key = json.dumps(shrink(c, "tok").to_dict(), sort_keys=True, default=str)
+            if key in seen:
+                continue
+            seen.add(key)
+        groups[c.hardware.hosts * c.hardware.devices_per_host].append(spec)
+    return sorted(groups.items())
+
+
+@pytest.mark.parametrize("devices,specs", _by_devices(tiny=True))
+def test_every_recipe_plans_on_its_hardware_at_tiny_size(devices, specs):
+    got = _plan(specs, devices, tiny=True)
+    assert [g["recipe"] for g in got] == specs
+    for g in got:
+        rep = g["report"]
+        assert rep["devices"] == devices and rep["peak_gib"] > 0
+        progs = rep["programs"]
+        method = load(g["recipe"])[1].method
+        want = {"asft_step"} if method == "sft" else {"update", "sampler", "score_policy"}
+        assert want <= set(progs), (g["recipe"], sorted(progs))
+        assert all(p["temp"] > 0 for p in progs.values())
+        assert rep["fits"] in (True, None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("devices,specs", _by_devices(tiny=False))
+def test_every_recipe_fits_its_hardware_at_real_size(devices, specs):
+    """Real sizes (minutes per recipe on a CPU); writes benchmarks/results/plan-*.json."""
+    for g in _plan(specs, devices, tiny=False):
+        name = g["recipe"].replace("configs/", "").replace(".py", "").replace(":", "-")
+        with open(os.path.join(ROOT, "benchmarks", "results", f"plan-{name}.json"), "w") as f:
+            json.dump(g["report"], f, indent=1)
+        assert g["report"]["fits"] is not False, (g["recipe"], g["report"].get("overflow"),
+                                                  g["report"]["per_device_gib"])

@@ -1,0 +1,14 @@
+"""Fixtures of the train tests: one persistent XLA compilation cache per session for the
+tests that launch ``python -m launch.train`` several times (a rerun reuses the compiled
+steps instead of paying the compile again)."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+@pytest.fixture(scope="session")
+def compile_cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("jax_compile_cache"))
