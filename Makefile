@@ -52,7 +52,7 @@ demo-miniwob: $(VENV)/.installed-miniwob
 	    --config.agent_kwargs.checkpoint.workdir=runs/miniwob_sft
 
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) runs *.egg-info

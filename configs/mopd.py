@@ -26,6 +26,10 @@ Remaining departures from the release, and why:
 * truncated importance sampling between the rollout engine and the trainer
   (``rollout_is=token``, threshold 2) has nothing to correct here: the sampler and the
   trainer score with the same model, so the ratio is 1 up to float noise;
+* the 3,072 rollouts of a round are sampled and scored 128 at a time (``rl.generation_rows``,
+  ``rl.score_rows``), where vLLM batches them continuously; the sampler's own log-probs are
+  the old-policy log-probs (``rl.old_logprobs="auto"`` with top_p 1: no extra scoring pass;
+  veRL recomputes them with the trainer);
 * AdamW moments in float32 (the release offloads a precision-aware optimizer);
 * prompts over 8,192 tokens are dropped and counted, as ``filter_overlong_prompts``.
 
@@ -85,6 +89,7 @@ def get_config(arg="8x8"):
     c.rl.teachers = mlc.ConfigDict({"desktop": "", "mobile": ""})   # set both to teacher folders
     c.rl.ppo_epochs, c.rl.minibatches = 1, 1                       # ppo_mini_batch_size = train_batch_size
     c.rl.score_chunk = 1024
+    c.rl.generation_rows = c.rl.score_rows = 128   # per call: bounds the KV cache (24 sampler calls per round)
     c.optim.lr = 1e-6
     c.optim.schedule = "constant"
     c.optim.warmup_steps = 0

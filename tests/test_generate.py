@@ -295,7 +295,7 @@ def test_prepare_prompts_padding_buckets_and_errors():
     assert p["pixel_values"].shape == (64, cfg.vision.patch_dim)
     np.testing.assert_array_equal(p["pixel_values"][:24], prompts[0][2])
     np.testing.assert_array_equal(p["pixel_values"][24:48], prompts[2][2])
-    assert (p["pixel_values"][48:] == 0).all() and p["vision"]["segment_ids"][48:].max() == 0
+    assert (p["pixel_values"][48:] == 0).all() and p["vision"]["patch_index"].max() < 48  # padding: no slot
 
     text_only = G.prepare_prompts([([1, 2, 3], None, None)], cfg, pad_id=0)
     assert text_only["pixel_values"] is None and text_only["vision"] is None

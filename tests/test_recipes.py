@@ -85,7 +85,9 @@ def test_every_recipe_plans_on_its_hardware_at_tiny_size(devices, specs):
         assert rep["devices"] == devices and rep["peak_gib"] > 0
         progs = rep["programs"]
         method = load(g["recipe"])[1].method
-        want = {"asft_step"} if method == "sft" else {"update", "sampler", "score_policy"}
+        rl = load(g["recipe"])[1].rl
+        reuse = rl.old_logprobs == "sampler" or rl.old_logprobs == "auto" and rl.top_p >= 1 and rl.top_k == 0
+        want = {"asft_step"} if method == "sft" else {"update", "sampler"} | (set() if reuse else {"score_policy"})
         assert want <= set(progs), (g["recipe"], sorted(progs))
         assert all(p["temp"] > 0 for p in progs.values())
         assert rep["fits"] in (True, None)

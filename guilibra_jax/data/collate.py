@@ -10,7 +10,9 @@ SFT batch (``collate_sft``), B rows of T tokens (T from ``seq_buckets``):
     pixel_values   [P, D] float32 patches of all images in row order, zero-padded to a
                                   multiple of ``patch_bucket`` (P) rows
     image_grid_thw [n, 3] int64   (t, h, w) per image, row order (n varies; host metadata)
-    vision         dict           prepare_vision_inputs(image_grid_thw, config, P)
+    vision         dict           prepare_vision_inputs(image_grid_thw, config, P, ...): one
+                                  tower slot per frame (a multiple of B slots), slots as long
+                                  as the largest image needs, rounded up to ``patch_bucket``
     num_samples    int            real samples in the batch
     platform, where  lists        per sample, row order
     dropped        list[Dropped]  records of this batch that yielded no sample
@@ -89,8 +91,11 @@ def _pack_rows(samples: list[Sample], rows: int, capacity: int) -> list[list[int
     return [sorted(b) for b in bins]
 
 
-def _vision(samples_in_order: list[Sample], model_config: Any, patch_bucket: int, patch_dim: int
+def _vision(samples_in_order: list[Sample], model_config: Any, patch_bucket: int, patch_dim: int, rows: int
             ) -> dict[str, Any]:
+    """Pixels and vision layout of the samples' images: P rows rounded up to a multiple of
+    ``patch_bucket``, one tower slot per frame (at least ``rows``, a multiple of it), each slot
+    as long as the largest frame needs rounded up to a multiple of ``patch_bucket``."""
     _, prepare_vision_inputs = _models()
     pix = [s.pixel_values for s in samples_in_order]
     grids = np.stack([s.grid_thw for s in samples_in_order]) if samples_in_order else np.zeros((0, 3), np.int64)
@@ -99,13 +104,10 @@ def _vision(samples_in_order: list[Sample], model_config: Any, patch_bucket: int
     pixel_values = np.zeros((P, patch_dim), np.float32)
     if pix:
         pixel_values[:real] = np.concatenate(pix)
-    if len(grids):
-        vision = prepare_vision_inputs(grids, model_config, num_patches=P)
-    else:
-        # A batch whose records were all dropped: describe the zero patches as one dummy
-        # image (prepare_vision_inputs needs one); no <|image_pad|> takes its features.
-        m = model_config.vision.spatial_merge_size
-        vision = prepare_vision_inputs(np.array([[1, m, P // m]]), model_config, num_patches=P)
+    # A batch whose records were all dropped has no images: every slot is empty.
+    frames = int(grids[:, 0].sum()) if len(grids) else 0
+    vision = prepare_vision_inputs(grids, model_config, num_patches=P, num_slots=round_up(frames, max(rows, 1)),
+                                   slot_bucket=patch_bucket)
     return {"pixel_values": pixel_values, "image_grid_thw": grids.astype(np.int64), "vision": vision}
 
 
@@ -150,7 +152,7 @@ def collate_sft(items: Sequence[Sample | B.Dropped], cfg: CollateConfig, model_c
     out = {"input_ids": input_ids, "targets": targets, "loss_segments": loss_segments, "segment_ids": seg_ids,
            "positions": positions, "num_samples": len(samples),
            "platform": [s.platform for s in ordered], "where": [s.where for s in ordered], "dropped": dropped}
-    out.update(_vision(ordered, model_config, cfg.patch_bucket, patch_dim))
+    out.update(_vision(ordered, model_config, cfg.patch_bucket, patch_dim, cfg.batch_rows))
     return out
 
 
@@ -180,5 +182,5 @@ def collate_rl(items: Sequence[Sample | B.Dropped], cfg: CollateConfig, model_co
            "reward_targets": [s.reward_target for s in samples], "platform": [s.platform for s in samples],
            "resized_size": [s.resized_size for s in samples], "where": [s.where for s in samples],
            "dropped": dropped}
-    out.update(_vision(samples, model_config, cfg.patch_bucket, patch_dim))
+    out.update(_vision(samples, model_config, cfg.patch_bucket, patch_dim, n_rows))
     return out

@@ -145,10 +145,10 @@ def _select_axis(freqs, sel):
 
 
 def vision_rope(pos_hw, head_dim: int, theta: float):
-  """pos_hw [P, 2] (row, col in patches) -> cos, sin [P, head_dim] float32 (2-D axial RoPE)."""
+  """pos_hw [..., 2] (row, col in patches) -> cos, sin [..., head_dim] float32 (2-D axial RoPE)."""
   spatial = head_dim // 2
   inv_freq = 1.0 / (theta ** (np.arange(0, spatial, 2, dtype=np.float32) / spatial))
-  freqs = pos_hw.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [P, 2, H/4]
-  freqs = freqs.reshape(freqs.shape[0], -1)  # [P, H/2] = cat(h, w)
+  freqs = pos_hw.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [..., 2, H/4]
+  freqs = freqs.reshape(freqs.shape[:-2] + (-1,))  # [..., H/2] = cat(h, w)
   emb = jnp.concatenate([freqs, freqs], axis=-1)
   return jnp.cos(emb), jnp.sin(emb)

@@ -1,157 +1,217 @@
 """Vision towers of Qwen2.5-VL and Qwen3-VL, and their host-side input preparation.
 
 Everything that depends on `image_grid_thw` is computed on the host by
-`prepare_vision_inputs` (numpy), so the towers see only static shapes under jit: all images
-of a batch are concatenated into one patch sequence [P, C*t*p*p] (optionally padded to a
-bucket), and attention is restricted to each image (frame) or window by segment ids.
+`prepare_vision_inputs` (numpy), so the towers see only static shapes under jit.
+
+Layout. `pixel_values` [P, C*t*p*p] holds the patches of all images of a batch concatenated
+in image order (zero rows after them up to a bucket). Inside the tower every frame of every
+image (an image is one frame) occupies one *slot* of L patch positions, so the tower works on
+[S, L, D] activations: S slots (frames, then empty slots), each holding its frame's patches
+first and padding after. Attention runs per slot with sequence lengths (no [P, P] mask):
+cost O(sum of L^2) over slots instead of O(P^2), a call shape that fused kernels (cuDNN
+flash attention) take, and the slot axis can be sharded over devices (one device, its
+images). Qwen2.5-VL's windowed blocks view the same activations as [S * W, w, D] windows
+of w = (window_size / patch_size)^2 patches (each window of a frame padded to w), with
+their own lengths; full-attention blocks use the compact per-slot layout. After the
+merger, the merged features are compacted back to image order: the k-th <|image_pad|>
+token of the batch takes merged feature k, as before.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from guilibra_jax.models.attention import attention_mask, dot_product_attention
+from guilibra_jax import sharding as S
+from guilibra_jax.models.attention import varlen_attention
 from guilibra_jax.models.config import ModelConfig, VisionConfig
 from guilibra_jax.models.layers import (Embed, LayerNorm, Linear, RMSNorm, activation, apply_rope, vision_rope)
 
 
 # ----------------------------------------------------------------------------- host side
 def _grids(image_grid_thw) -> np.ndarray:
-  g = np.asarray(image_grid_thw, np.int64).reshape(-1, 3)
-  return g
+  return np.asarray(image_grid_thw, np.int64).reshape(-1, 3)
 
 
-def _position_hw(grids: np.ndarray, merge: int) -> np.ndarray:
-  """[P, 2] (row, col) per patch in spatial-merge-block order, like transformers."""
-  out = []
-  for t, h, w in grids:
-    hpos, wpos = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
-    shape = (h // merge, merge, w // merge, merge)
-    hpos = hpos.reshape(shape).transpose(0, 2, 1, 3).ravel()
-    wpos = wpos.reshape(shape).transpose(0, 2, 1, 3).ravel()
-    out.append(np.tile(np.stack([hpos, wpos], -1), (t, 1)))
-  return np.concatenate(out, 0) if out else np.zeros((0, 2), np.int64)
+def _frames(grids: np.ndarray) -> list[tuple[int, int]]:
+  """(h, w) of every frame, in pixel-row order (an image's t frames one after another)."""
+  return [(int(h), int(w)) for t, h, w in grids for _ in range(int(t))]
 
 
-def _frame_ids(grids: np.ndarray) -> np.ndarray:
-  """[P] 1-based id of each patch's (image, frame): transformers attends within a frame."""
-  sizes = np.repeat(grids[:, 1] * grids[:, 2], grids[:, 0])
-  return np.repeat(np.arange(1, len(sizes) + 1), sizes)
+def _position_hw(h: int, w: int, merge: int) -> np.ndarray:
+  """[h*w, 2] (row, col) per patch of one frame in spatial-merge-block order, like transformers."""
+  hpos, wpos = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+  shape = (h // merge, merge, w // merge, merge)
+  hpos = hpos.reshape(shape).transpose(0, 2, 1, 3).ravel()
+  wpos = wpos.reshape(shape).transpose(0, 2, 1, 3).ravel()
+  return np.stack([hpos, wpos], -1)
 
 
-def _window_index(grids: np.ndarray, merge: int, window_size: int, patch_size: int):
-  """transformers' get_vision_window_index in numpy: merged-unit permutation and window lengths."""
-  window_index, window_lens = [], []
-  offset = 0
-  vit_win = window_size // merge // patch_size
-  for t, h, w in grids:
-    lh, lw = h // merge, w // merge
-    index = np.arange(t * lh * lw).reshape(t, lh, lw)
-    pad_h = vit_win - lh % vit_win
-    pad_w = vit_win - lw % vit_win
-    nh, nw = (lh + pad_h) // vit_win, (lw + pad_w) // vit_win
-    padded = np.pad(index, ((0, 0), (0, pad_h), (0, pad_w)), constant_values=-100)
-    padded = padded.reshape(t, nh, vit_win, nw, vit_win).transpose(0, 1, 3, 2, 4).reshape(t, nh * nw, -1)
-    lens = (padded != -100).sum(-1).ravel()
-    flat = padded.ravel()
-    window_index.append(flat[flat != -100] + offset)
-    window_lens.extend(int(n) for n in lens if n > 0)  # unique_consecutive drops empty windows
-    offset += t * lh * lw
-  return np.concatenate(window_index) if window_index else np.zeros((0,), np.int64), np.asarray(window_lens)
+def _frame_windows(h: int, w: int, merge: int, vit_win: int) -> tuple[np.ndarray, np.ndarray]:
+  """transformers' get_vision_window_index for one frame: the merged-unit permutation that
+  makes windows contiguous, and the units of each non-empty window."""
+  lh, lw = h // merge, w // merge
+  index = np.arange(lh * lw).reshape(lh, lw)
+  pad_h = vit_win - lh % vit_win
+  pad_w = vit_win - lw % vit_win
+  nh, nw = (lh + pad_h) // vit_win, (lw + pad_w) // vit_win
+  padded = np.pad(index, ((0, pad_h), (0, pad_w)), constant_values=-100)
+  padded = padded.reshape(nh, vit_win, nw, vit_win).transpose(0, 2, 1, 3).reshape(nh * nw, -1)
+  lens = (padded != -100).sum(-1)
+  flat = padded.ravel()
+  return flat[flat != -100], lens[lens > 0]  # unique_consecutive drops empty windows
 
 
-def _interpolation(grids: np.ndarray, side: int, merge: int):
-  """Bilinear (align_corners=True) taps into the side x side pos-embed table, per patch [P, 4]."""
-  idx_all, w_all = [], []
-  for t, h, w in grids:
-    rows = np.arange(h)[:, None].repeat(w, 1)
-    cols = np.arange(w)[None, :].repeat(h, 0)
-    shape = (h // merge, merge, w // merge, merge)
-    rows = rows.reshape(shape).transpose(0, 2, 1, 3).ravel()
-    cols = cols.reshape(shape).transpose(0, 2, 1, 3).ravel()
+def _interpolation(h: int, w: int, side: int, merge: int) -> tuple[np.ndarray, np.ndarray]:
+  """Bilinear (align_corners=True) taps into the side x side pos-embed table, per patch of
+  one frame [h*w, 4] (merge-block order)."""
+  rows = np.arange(h)[:, None].repeat(w, 1)
+  cols = np.arange(w)[None, :].repeat(h, 0)
+  shape = (h // merge, merge, w // merge, merge)
+  rows = rows.reshape(shape).transpose(0, 2, 1, 3).ravel()
+  cols = cols.reshape(shape).transpose(0, 2, 1, 3).ravel()
 
-    def axis(index, size):
-      src = index.astype(np.float32) * np.float32(side - 1) / np.float32(max(size - 1, 1))
-      floor = np.floor(src)
-      taps = floor.astype(np.int64)[:, None] + np.arange(2)
-      weights = np.clip(1 - np.abs(src[:, None] - floor[:, None] - np.arange(2)), 0, None)
-      return np.clip(taps, 0, side - 1), weights.astype(np.float32)
+  def axis(index, size):
+    src = index.astype(np.float32) * np.float32(side - 1) / np.float32(max(size - 1, 1))
+    floor = np.floor(src)
+    taps = floor.astype(np.int64)[:, None] + np.arange(2)
+    weights = np.clip(1 - np.abs(src[:, None] - floor[:, None] - np.arange(2)), 0, None)
+    return np.clip(taps, 0, side - 1), weights.astype(np.float32)
 
-    ht, hw_ = axis(rows, h)
-    wt, ww = axis(cols, w)
-    idx = (ht[:, :, None] * side + wt[:, None, :]).reshape(-1, 4)
-    wts = (hw_[:, :, None] * ww[:, None, :]).reshape(-1, 4)
-    idx_all.append(np.tile(idx, (t, 1)))
-    w_all.append(np.tile(wts, (t, 1)))
-  return np.concatenate(idx_all), np.concatenate(w_all)
+  ht, hw_ = axis(rows, h)
+  wt, ww = axis(cols, w)
+  idx = (ht[:, :, None] * side + wt[:, None, :]).reshape(-1, 4)
+  wts = (hw_[:, :, None] * ww[:, None, :]).reshape(-1, 4)
+  return idx, wts
 
 
-def prepare_vision_inputs(image_grid_thw, config: ModelConfig, num_patches: int | None = None) -> dict:
-  """Host-side (numpy) per-patch tensors for the vision tower of `config.family`.
+def window_patches(config: ModelConfig) -> int:
+  """Patches of one attention window of Qwen2.5-VL's windowed blocks (64 for 112 px windows
+  of 14 px patches)."""
+  vc = config.vision
+  vit_win = vc.window_size // vc.spatial_merge_size // vc.patch_size
+  return vit_win * vit_win * vc.merge_unit
+
+
+def slot_unit(config: ModelConfig) -> int:
+  """Slot lengths are multiples of this: the window for Qwen2.5-VL, the merge unit for Qwen3-VL."""
+  return window_patches(config) if config.family == "qwen2_5_vl" else config.vision.merge_unit
+
+
+def slot_need(grid, config: ModelConfig) -> int:
+  """Slot length one frame of a (t, h, w) grid needs (its windows, each padded, for Qwen2.5-VL)."""
+  _, h, w = (int(x) for x in grid)
+  vc = config.vision
+  if config.family != "qwen2_5_vl":
+    return h * w
+  vit_win = vc.window_size // vc.spatial_merge_size // vc.patch_size
+  return len(_frame_windows(h, w, vc.spatial_merge_size, vit_win)[1]) * window_patches(config)
+
+
+def prepare_vision_inputs(image_grid_thw, config: ModelConfig, num_patches: int | None = None, *,
+                          num_slots: int | None = None, slot_len: int | None = None,
+                          slot_bucket: int | None = None) -> dict:
+  """Host-side (numpy) layout tensors for the vision tower of `config.family` (see the module doc).
 
   Args:
-    image_grid_thw: [n_images, 3] (t, h, w) in patches, in the order of the pixel rows.
+    image_grid_thw: [n_images, 3] (t, h, w) in patches, in the order of the pixel rows (may be empty).
     config: ModelConfig.
-    num_patches: pad the patch sequence to this many rows (a static bucket; a multiple of
-      spatial_merge_size**2 and at least the real count). Padding patches form their own
-      segment (id 0) and their merged features are never placed into the text.
+    num_patches: P, the rows of `pixel_values` (a static bucket; a multiple of
+      spatial_merge_size**2 and at least the real count; default the real count). Rows after
+      the real patches are never read.
+    num_slots: S, slots of the tower (>= the number of frames; default that number, at least 1).
+    slot_len: L, patch positions per slot (a multiple of `slot_unit(config)`, at least what the
+      largest frame needs); default the largest need rounded up to a multiple of `slot_bucket`.
 
-  Returns a dict of numpy arrays (all with leading dim P or P / merge**2):
-    pos_hw [P, 2] int32        rotary (row, col) of each patch, in the tower's patch order
-    segment_ids [P] int32      1-based (image, frame) id per patch, 0 = padding
-    Qwen2.5 only:
-      window_segment_ids [P] int32  1-based window id per patch (0 = padding)
-      window_perm [P] int32         patch gather that makes windows contiguous
-      merge_inverse [P/m^2] int32   gather that restores merged tokens to image order
+  Returns a dict of numpy arrays:
+    patch_index [S, L] int32     pixel row of each slot position (-1: padding)
+    slot_lengths [S] int32       real patches per slot (0: empty slot)
+    pos_hw [S, L, 2] int32       rotary (row, col) of each slot position
+    token_slot [P/m^2] int32     slot of the k-th merged token of the batch (image order; -1: padding)
+    token_unit [P/m^2] int32     its merged unit in that slot (-1: padding)
+    Qwen2.5 only (slot positions are in window order: windows are contiguous):
+      window_lengths [S, L/w] int32  real patches of each window of w positions (0: empty)
+      window_index [S, L] int32      slot position of each window-layout position (-1: padding)
+      full_index [S, L] int32        window-layout position of each slot position (-1: padding)
     Qwen3 only:
-      interp_indices [P, 4] int32, interp_weights [P, 4] float32  bilinear pos-embed taps
+      interp_indices [S, L, 4] int32, interp_weights [S, L, 4] float32  bilinear pos-embed taps
   """
   vc = config.vision
   grids = _grids(image_grid_thw)
-  mu = vc.merge_unit
-  real = int((grids[:, 0] * grids[:, 1] * grids[:, 2]).sum())
+  frames = _frames(grids)
+  mu, merge = vc.merge_unit, vc.spatial_merge_size
+  real = sum(h * w for h, w in frames)
   p = real if num_patches is None else int(num_patches)
   if p < real or p % mu:
     raise ValueError(f"num_patches={p} must be >= the real patch count {real} and a multiple of {mu}")
-  pad = p - real
-
-  pos_hw = _position_hw(grids, vc.spatial_merge_size)
-  seg = _frame_ids(grids)
-  out = {}
-  if config.family == "qwen2_5_vl":
-    win_index, win_lens = _window_index(grids, vc.spatial_merge_size, vc.window_size, vc.patch_size)
-    n_units = p // mu
-    win_index = np.concatenate([win_index, np.arange(real // mu, n_units)])  # padding: identity
-    perm = (win_index[:, None] * mu + np.arange(mu)).ravel()
-    win_seg = np.repeat(np.arange(1, len(win_lens) + 1), win_lens * mu)
-    out.update(
-        pos_hw=np.pad(pos_hw, ((0, pad), (0, 0)))[perm],
-        segment_ids=np.pad(seg, (0, pad))[perm],
-        window_segment_ids=np.pad(win_seg, (0, pad)),  # already in permuted order
-        window_perm=perm,
-        merge_inverse=np.argsort(win_index, kind="stable"),
-    )
+  unit = slot_unit(config)
+  need = max([slot_need((1, h, w), config) for h, w in frames] + [unit])
+  if slot_len is None:
+    step = math.lcm(unit, int(slot_bucket or unit))
+    slot_len = -(-need // step) * step
+  n_slots = max(1, len(frames)) if num_slots is None else int(num_slots)
+  if slot_len < need or slot_len % unit:
+    raise ValueError(f"slot_len={slot_len} must be >= {need} (the largest frame's need) and a multiple of {unit}")
+  if n_slots < len(frames):
+    raise ValueError(f"num_slots={n_slots} is fewer than the {len(frames)} image frames")
+  S_, L = n_slots, int(slot_len)
+  out = {"patch_index": np.full((S_, L), -1), "slot_lengths": np.zeros(S_), "pos_hw": np.zeros((S_, L, 2)),
+         "token_slot": np.full(p // mu, -1), "token_unit": np.full(p // mu, -1)}
+  qwen25 = config.family == "qwen2_5_vl"
+  if qwen25:
+    win = window_patches(config)
+    vit_win = vc.window_size // merge // vc.patch_size
+    out.update(window_lengths=np.zeros((S_, L // win)), window_index=np.full((S_, L), -1),
+               full_index=np.full((S_, L), -1))
   else:
     side = int(vc.num_position_embeddings**0.5)
-    idx, wts = _interpolation(grids, side, vc.spatial_merge_size) if real else (np.zeros((0, 4)), np.zeros((0, 4)))
-    out.update(
-        pos_hw=np.pad(pos_hw, ((0, pad), (0, 0))),
-        segment_ids=np.pad(seg, (0, pad)),
-        interp_indices=np.pad(idx, ((0, pad), (0, 0))),
-        interp_weights=np.pad(wts, ((0, pad), (0, 0))),
-    )
+    out.update(interp_indices=np.zeros((S_, L, 4)), interp_weights=np.zeros((S_, L, 4)))
+  row = unit_k = 0
+  for s, (h, w) in enumerate(frames):
+    n = h * w
+    if qwen25:
+      units, lens = _frame_windows(h, w, merge, vit_win)
+      perm = (units[:, None] * mu + np.arange(mu)).ravel()
+      order = np.argsort(units, kind="stable")
+      plens = lens * mu
+      starts = np.concatenate([[0], np.cumsum(plens)[:-1]])
+      wpos = np.repeat(np.arange(len(plens)) * win - starts, plens) + np.arange(n)
+      out["window_lengths"][s, :len(plens)] = plens
+      out["full_index"][s, :n] = wpos
+      out["window_index"][s, wpos] = np.arange(n)
+    else:
+      perm, order = np.arange(n), np.arange(n // mu)
+      idx, wts = _interpolation(h, w, side, merge)
+      out["interp_indices"][s, :n], out["interp_weights"][s, :n] = idx, wts
+    out["patch_index"][s, :n] = row + perm
+    out["pos_hw"][s, :n] = _position_hw(h, w, merge)[perm]
+    out["slot_lengths"][s] = n
+    out["token_slot"][unit_k:unit_k + n // mu] = s
+    out["token_unit"][unit_k:unit_k + n // mu] = order
+    row += n
+    unit_k += n // mu
   return {k: v.astype(np.float32 if k == "interp_weights" else np.int32) for k, v in out.items()}
 
 
-VISION_ARRAY_KEYS = ("pos_hw", "segment_ids", "window_segment_ids", "window_perm", "merge_inverse",
-                     "interp_indices", "interp_weights")
+# Vision-dict entries by their leading axis: slots [S, ...] or merged tokens [P/m^2].
+SLOT_KEYS = ("patch_index", "slot_lengths", "pos_hw", "window_lengths", "window_index", "full_index",
+             "interp_indices", "interp_weights")
+TOKEN_KEYS = ("token_slot", "token_unit")
+VISION_ARRAY_KEYS = SLOT_KEYS + TOKEN_KEYS
 
 
 def device_vision_inputs(vision: dict) -> dict:
   """The array entries of a prepare_vision_inputs dict (what jitted code takes)."""
   return {k: vision[k] for k in VISION_ARRAY_KEYS if k in vision}
+
+
+def vision_shape(vision: dict) -> tuple[int, int, int]:
+  """(merged tokens P / m^2, slots S, slot length L) of a vision dict (with or without a
+  leading micro-batch axis)."""
+  return (int(np.shape(vision["token_slot"])[-1]),) + tuple(int(x) for x in np.shape(vision["patch_index"])[-2:])
 
 
 # ----------------------------------------------------------------------------- modules
@@ -164,15 +224,14 @@ class VisionAttention(nnx.Module):
     self.proj = Linear((n, h), (d,), ("vision_heads", "head_dim"), ("vision_embed",), **kw)
     self.scale = h**-0.5
 
-  def __call__(self, x, cos, sin, segment_ids):
-    qkv = self.qkv(x[None])  # [1, P, 3, N, H]
+  def __call__(self, x, cos, sin, lengths):
+    """x [B, T, D] (B sequences, each its first lengths[b] positions real), cos/sin [B, T, H]."""
+    qkv = self.qkv(x)  # [B, T, 3, N, H]
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     dtype = q.dtype
     q = apply_rope(q.astype(jnp.float32), cos, sin).astype(dtype)
     k = apply_rope(k.astype(jnp.float32), cos, sin).astype(dtype)
-    seg = segment_ids[None]
-    out = dot_product_attention(q, k, v, attention_mask(seg, seg, causal=False), scale=self.scale)
-    return self.proj(out)[0]
+    return self.proj(varlen_attention(q, k, v, lengths, scale=self.scale))
 
 
 class GatedMLP(nnx.Module):
@@ -217,8 +276,8 @@ class VisionBlock(nnx.Module):
       self.mlp = PlainMLP(d, vc.intermediate_size, vc.hidden_act, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.attn = VisionAttention(vc, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
-  def __call__(self, x, cos, sin, segment_ids):
-    x = x + self.attn(self.norm1(x), cos, sin, segment_ids)
+  def __call__(self, x, cos, sin, lengths):
+    x = x + self.attn(self.norm1(x), cos, sin, lengths)
     return x + self.mlp(self.norm2(x))
 
 
@@ -255,7 +314,8 @@ class PatchMerger(nnx.Module):
 
 
 class VisionTower(nnx.Module):
-  """pixel_values [P, C*t*p*p] + prepare_vision_inputs dict -> (merged [P/m^2, D_text], deepstack list)."""
+  """pixel_values [P, C*t*p*p] + prepare_vision_inputs dict -> (merged [P/m^2, D_text], deepstack list),
+  merged features in image order (the k-th <|image_pad|> token of the batch takes row k)."""
 
   def __init__(self, config: ModelConfig, *, dtype, param_dtype, remat=None, rngs: nnx.Rngs):
     """remat: None (off), "full", or a jax.checkpoint policy for each block."""
@@ -263,6 +323,7 @@ class VisionTower(nnx.Module):
     self.family = config.family
     self.vc = vc
     self.remat = remat
+    self.window = window_patches(config)
     family = config.family
     kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.patch_embed = nnx.Dict({"proj": Linear((vc.patch_dim,), (vc.hidden_size,), (None,), ("vision_embed",),
@@ -275,34 +336,77 @@ class VisionTower(nnx.Module):
       self.deepstack_merger_list = nnx.List(
           [PatchMerger(vc, family, postshuffle_norm=True, **kw) for _ in vc.deepstack_visual_indexes])
 
-  def _block(self, i, x, cos, sin, seg):
+  def _block(self, i, x, cos, sin, lengths):
     blk = self.blocks[i]
     if self.remat is None:
-      return blk(x, cos, sin, seg)
+      return blk(x, cos, sin, lengths)
     policy = None if self.remat == "full" else self.remat
     gdef, state = nnx.split(blk)
     fn = jax.checkpoint(lambda st, *a: nnx.merge(gdef, st)(*a), policy=policy)
-    return fn(state, x, cos, sin, seg)
+    return fn(state, x, cos, sin, lengths)
 
   def __call__(self, pixel_values, vision: dict):
     vc = self.vc
-    x = self.patch_embed["proj"](pixel_values)
-    cos, sin = vision_rope(jnp.asarray(vision["pos_hw"]), vc.head_dim, vc.rope_theta)
-    seg = jnp.asarray(vision["segment_ids"])
+    arr = lambda k: jnp.asarray(vision[k])
+    n_slots, slot_len = vision["patch_index"].shape
+    # Each device gathers the patches of its own slots (the slot arrays are sharded over the batch axes).
+    x = _shard_slots(pixel_values[jnp.maximum(arr("patch_index"), 0)])  # [S, L, C*t*p*p]
+    x = _shard_slots(self.patch_embed["proj"](x))
+    lengths = arr("slot_lengths")
+    cos, sin = vision_rope(arr("pos_hw"), vc.head_dim, vc.rope_theta)  # [S, L, H]
     if self.family == "qwen2_5_vl":
-      x = x[jnp.asarray(vision["window_perm"])]
-      win = jnp.asarray(vision["window_segment_ids"])
-      full = set(vc.fullatt_block_indexes)
+      win, n_win = self.window, slot_len // self.window
+      to_window = _slot_gather(arr("window_index"))
+      to_full = _slot_gather(arr("full_index"))
+      cos_w, sin_w = to_window(cos), to_window(sin)
+      as_windows = lambda a: a.reshape((n_slots * n_win, win) + a.shape[2:])
+      win_lengths = arr("window_lengths").reshape(-1)
+      full, windowed = set(vc.fullatt_block_indexes), False
       for i in range(vc.depth):
-        x = self._block(i, x, cos, sin, seg if i in full else win)
-      merged = self.merger(x)[jnp.asarray(vision["merge_inverse"])]
-      return merged, []
+        if i in full:
+          if windowed:
+            x, windowed = to_full(x), False
+          x = self._block(i, x, cos, sin, lengths)
+        else:
+          if not windowed:
+            x, windowed = to_window(x), True
+          x = self._block(i, as_windows(x), as_windows(cos_w), as_windows(sin_w), win_lengths)
+          x = _shard_slots(x.reshape(n_slots, slot_len, -1))
+      if windowed:
+        x = to_full(x)
+      return self._image_order(self.merger(x), vision, slot_len), []
     table = self.pos_embed.embedding[...].astype(x.dtype)
-    w = jnp.asarray(vision["interp_weights"]).astype(x.dtype)
-    x = x + (table[jnp.asarray(vision["interp_indices"])] * w[..., None]).sum(1)
+    w = arr("interp_weights").astype(x.dtype)
+    x = x + (table[arr("interp_indices")] * w[..., None]).sum(-2)
     deepstack = []
     for i in range(vc.depth):
-      x = self._block(i, x, cos, sin, seg)
+      x = self._block(i, x, cos, sin, lengths)
       if i in vc.deepstack_visual_indexes:
-        deepstack.append(self.deepstack_merger_list[vc.deepstack_visual_indexes.index(i)](x))
-    return self.merger(x), deepstack
+        merged = self.deepstack_merger_list[vc.deepstack_visual_indexes.index(i)](x)
+        deepstack.append(self._image_order(merged, vision, slot_len))
+    return self._image_order(self.merger(x), vision, slot_len), deepstack
+
+  def _image_order(self, merged, vision: dict, slot_len: int):
+    """Merged features of the slots [S * L/m^2, D] -> [P/m^2, D] in image order (padding rows hold
+    an arbitrary feature: no image token takes them)."""
+    units = slot_len // self.vc.merge_unit
+    flat = jnp.maximum(jnp.asarray(vision["token_slot"]), 0) * units + jnp.maximum(jnp.asarray(vision["token_unit"]), 0)
+    return merged[flat]
+
+
+def _slot_gather(index):
+  """Per-slot reordering a [S, L, ...] -> a[s, index[s, j]] (index -1: padding, takes position 0)."""
+  index = jnp.maximum(index, 0)
+  return lambda a: _shard_slots(jnp.take_along_axis(a, index.reshape(index.shape + (1,) * (a.ndim - 2)), axis=1))
+
+
+def _shard_slots(x):
+  """Keep [S, ...] activations sharded over the batch mesh axes when a mesh is in context
+  (jax.set_mesh); without one this is a no-op and sharding follows the inputs' (the slot
+  arrays are placed sharded over the batch axes by train/batching.put_batch)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  axes = tuple(a for a in S.BATCH_AXES if a in mesh.axis_names)
+  if not axes or x.shape[0] % math.prod(mesh.shape[a] for a in axes):
+    return x
+  spec = jax.sharding.PartitionSpec(axes, *([None] * (x.ndim - 1)))
+  return jax.lax.with_sharding_constraint(x, spec)

@@ -4,30 +4,32 @@ Per-row arrays (``input_ids`` [B, T], ``positions`` [3, B, T] ...) are sharded o
 (data, fsdp) along their row axis; with several processes each process passes only its
 own rows (its data shard) and they are assembled into the global batch.
 
-Image inputs (``pixel_values`` [P, D] and the ``vision`` dict of
-``models.prepare_vision_inputs``) are replicated: the vision tower attends over a whole
-image, so every device gets the whole patch sequence. In one process the host arrays
-are placed as they are. With several processes each process holds different images, so
-:func:`gather_images` first joins them into the global patch sequence of the global
-batch, identical on every process:
+Image inputs: ``pixel_values`` [P, D] (all images' patches concatenated) is replicated,
+and so are the vision dict's per-token entries (``models.prepare_vision_inputs``:
+``token_slot``, ``token_unit``); its per-slot entries ([S, ...]: one slot per image frame)
+are sharded over (data, fsdp) along the slot axis, so each device gathers and runs the
+vision tower on its own slots only (S is padded with empty slots to a multiple of the
+batch devices). In one process the host arrays are placed as they are. With several
+processes each process holds different images, so :func:`gather_images` first joins them
+into the global layout of the global batch, identical on every process:
 
 - the model gives the k-th ``<|image_pad|>`` token of the batch (row-major) merged
-  feature k, so the consumed patches of each process are concatenated in the order of
-  the processes' rows in the global batch, and all padding goes last;
-- every index of the vision dict is renumbered to the global patch sequence (window
-  permutation, merge inverse) and the image and window segment ids are made unique;
-- the global patch count is ``process_count * max(local P)`` on every process, so
-  compiled shapes agree and change only when a local bucket does. Padding patches are
-  zero with segment id 0 (they attend only to each other and no token takes them), as
-  in ``prepare_vision_inputs``; the result equals ``prepare_vision_inputs`` of all
-  images of the global batch.
+  feature k, so the consumed patches, slots and tokens of each process are concatenated
+  in the order of the processes' rows in the global batch, and all padding goes last;
+- every index of the vision dict is renumbered to the global layout (pixel rows of the
+  slots, slot of each token);
+- the global patch count is ``process_count * max(local P)``, the slot count
+  ``process_count * max(local S)`` and the slot length ``max(local L)`` on every process,
+  so compiled shapes agree and change only when a local bucket does. Padding patches are
+  zero and in no slot; padding slots are empty; the result equals
+  ``prepare_vision_inputs`` of all images of the global batch at those shapes.
 
 Memory: every process receives all processes' patches, and every device holds the global
 [M, process_count * max(P), D] pixel array (float32: Qwen2.5 D = 1176, 2048-patch bucket,
-8 processes, M = 4 -> 308 MB per device, as many bytes again on each host), and the
-vision tower sees the whole sequence, as in one process with its replicated patches.
-The all-gather (jax.experimental.multihost_utils.process_allgather) briefly holds the
-gathered arrays on every device as well.
+8 processes, M = 4 -> 308 MB per device, as many bytes again on each host); the vision
+tower's activations are per slot and sharded. The all-gather
+(jax.experimental.multihost_utils.process_allgather) briefly holds the gathered arrays on
+every device as well.
 """
 
 from __future__ import annotations
@@ -39,22 +41,29 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from guilibra_jax import sharding as S
+from guilibra_jax.models.vision import vision_shape
 
 IMAGE_KEYS = ("pixel_values", "vision")
-# Vision-dict entries by how a process's entries become global ones.
-_PATCH_ROWS = ("pos_hw", "interp_indices", "interp_weights")   # per patch, values kept
-_SEGMENT_IDS = ("segment_ids", "window_segment_ids")           # 1-based ids, 0 = padding
-_PATCH_INDEX = ("window_perm",)                                # indices into the patches
-_UNIT_INDEX = ("merge_inverse",)                               # indices into merged units
+# Vision-dict entries by how a process's entries become global ones (see prepare_vision_inputs).
+_SLOT_VALUES = ("slot_lengths", "pos_hw", "window_lengths", "interp_indices", "interp_weights")  # kept, pad 0
+_SLOT_LOCAL_INDEX = ("window_index", "full_index")   # positions inside the slot: kept, pad -1
+_PIXEL_INDEX = ("patch_index",)                      # pixel rows: shifted by earlier parts' rows, pad -1
+_TOKEN_SLOT = ("token_slot",)                        # slots: shifted by earlier parts' slots, pad -1
+_TOKEN_VALUES = ("token_unit",)                      # kept, pad -1
+_SLOT_KEYS = _SLOT_VALUES + _SLOT_LOCAL_INDEX + _PIXEL_INDEX
+_TOKEN_KEYS = _TOKEN_SLOT + _TOKEN_VALUES
 
 
 def stack_micro_batches(batches: list[dict]) -> dict:
-    """[M] list of batches -> one batch with a leading M axis. Batches whose patch
-    counts differ (collate rounds each to its own patch bucket) are first padded to the
-    largest with inert padding patches; every other array must have equal shapes."""
-    if len({np.shape(b["pixel_values"]) for b in batches if b.get("pixel_values") is not None}) > 1:
-        n = max(len(b["pixel_values"]) for b in batches)
-        batches = [{**b, **dict(zip(IMAGE_KEYS, pad_patches(b["pixel_values"], b["vision"], n)))} for b in batches]
+    """[M] list of batches -> one batch with a leading M axis. Batches whose image layouts
+    differ (collate rounds each to its own patch bucket, slot count and slot length) are
+    first padded to the largest with inert padding; every other array must have equal shapes."""
+    images = [b for b in batches if b.get("pixel_values") is not None]
+    shapes = {(len(b["pixel_values"]),) + vision_shape(b["vision"])[1:] for b in images}
+    if len(shapes) > 1:
+        p, s, l = (max(x[i] for x in shapes) for i in range(3))
+        batches = [{**b, **dict(zip(IMAGE_KEYS, pad_patches(b["pixel_values"], b["vision"], p, s, l)))}
+                   if b.get("pixel_values") is not None else b for b in batches]
 
     def stack(path, *xs):
         if len({np.shape(x) for x in xs}) > 1:
@@ -65,17 +74,61 @@ def stack_micro_batches(batches: list[dict]) -> dict:
     return jax.tree_util.tree_map_with_path(stack, *batches)
 
 
-def pad_patches(pixels: np.ndarray, vision: dict, num_patches: int) -> tuple[np.ndarray, dict]:
-    """pixel_values [P, D] and its vision dict extended with padding patches to
-    ``num_patches`` rows, as prepare_vision_inputs(grids, config, num_patches) makes them."""
+def pad_patches(pixels: np.ndarray, vision: dict, num_patches: int, num_slots: int | None = None,
+                slot_len: int | None = None) -> tuple[np.ndarray, dict]:
+    """pixel_values [P, D] and its vision dict extended with inert padding to
+    ``num_patches`` rows, ``num_slots`` slots and slots of ``slot_len`` positions (None:
+    unchanged), as prepare_vision_inputs(grids, config, num_patches, num_slots=, slot_len=)
+    makes them."""
+    vision = {k: np.asarray(v) for k, v in vision.items()}
     p = len(pixels)
-    mu = p // len(vision["merge_inverse"]) if "merge_inverse" in vision else 1
-    return join_patches([(np.asarray(pixels), {k: np.asarray(v) for k, v in vision.items()}, p)], num_patches, mu)
+    _, s, l = vision_shape(vision)
+    real = int(vision["slot_lengths"].sum())
+    return join_patches([(np.asarray(pixels), vision, real)], num_patches, p // len(vision["token_slot"]),
+                        num_slots=s if num_slots is None else num_slots, slot_len=l if slot_len is None else slot_len)
+
+
+def batch_devices(mesh) -> int:
+    """Devices the batch axes (data, fsdp) split rows and image slots over."""
+    return int(np.prod([mesh.shape[a] for a in S.BATCH_AXES]))
+
+
+def placement(path, ndim: int, mesh, micro_axis: bool):
+    """Sharding of one host-batch entry (``path`` from tree_map_with_path): rows over
+    (data, fsdp); vision slots over (data, fsdp); pixels, per-token vision entries and
+    scalars replicated."""
+    batch_dim = 1 if micro_axis else 0
+    names = [str(getattr(k, "key", k)) for k in path]
+    if names[0] == "vision" and names[-1] in _SLOT_KEYS and ndim > batch_dim:
+        return S.batch_sharding(mesh, ndim, batch_dim)
+    if names[0] in IMAGE_KEYS or ndim <= batch_dim:
+        return S.replicated(mesh)
+    return S.batch_sharding(mesh, ndim, batch_dim + (1 if names[0] == "positions" else 0))
+
+
+def pad_slots_to_mesh(batch: dict, mesh, micro_axis: bool) -> dict:
+    """Empty slots appended so that the slot count divides over the batch devices."""
+    if batch.get("pixel_values") is None or not batch.get("vision"):
+        return batch
+    n = batch_devices(mesh)
+    slots = np.shape(batch["vision"]["patch_index"])[-2]
+    if slots % n == 0:
+        return batch
+    want = -(-slots // n) * n
+    if not micro_axis:
+        pixels, vision = pad_patches(batch["pixel_values"], batch["vision"], len(batch["pixel_values"]), want)
+        return {**batch, "pixel_values": pixels, "vision": vision}
+    micro = [pad_patches(batch["pixel_values"][j], {k: v[j] for k, v in batch["vision"].items()},
+                         np.shape(batch["pixel_values"])[1], want) for j in range(len(batch["pixel_values"]))]
+    return {**batch, "pixel_values": np.stack([x[0] for x in micro]),
+            "vision": {k: np.stack([x[1][k] for x in micro]) for k in batch["vision"]}}
 
 
 def put_batch(batch: dict, mesh, *, micro_axis: bool = True, model_config: Any = None) -> dict:
     """Place a host batch on the mesh: the per-sample dimension of every array is
-    sharded over (data, fsdp); pixel arrays and vision metadata are replicated.
+    sharded over (data, fsdp), and so is the slot dimension of the vision dict's
+    per-slot arrays (padded with empty slots to a multiple of those devices); pixel
+    arrays and per-token vision entries are replicated.
 
     Multi-process: each process passes its own rows; a batch with images also needs
     ``model_config`` (image token id and merge unit) to join the processes' images
@@ -85,24 +138,19 @@ def put_batch(batch: dict, mesh, *, micro_axis: bool = True, model_config: Any =
             raise ValueError("put_batch: a multi-process batch with pixel_values needs model_config= to join "
                              "the processes' images")
         batch = {**batch, **gather_images(batch, mesh, model_config, micro_axis=micro_axis)}
+    batch = pad_slots_to_mesh(batch, mesh, micro_axis)
     batch_dim = 1 if micro_axis else 0
 
     def place(path, x):
         x = np.asarray(x)
         name = str(getattr(path[0], "key", path[0]))
-        if name in IMAGE_KEYS or x.ndim <= batch_dim:
-            sh = S.replicated(mesh)
-            spec_dim = None
-        else:
-            dim = batch_dim + (1 if name == "positions" else 0)
-            sh = S.batch_sharding(mesh, x.ndim, dim)
-            spec_dim = dim
+        sh = placement(path, x.ndim, mesh, micro_axis)
         if jax.process_count() == 1:
             return jax.device_put(x, sh)
-        if spec_dim is None:  # replicated: identical on every process
-            return jax.make_array_from_process_local_data(sh, x, x.shape)
+        if name in IMAGE_KEYS or x.ndim <= batch_dim:  # identical on every process (joined)
+            return S.put_host(x, sh)
         global_shape = list(x.shape)
-        global_shape[spec_dim] *= jax.process_count()
+        global_shape[batch_dim + (1 if name == "positions" else 0)] *= jax.process_count()
         return jax.make_array_from_process_local_data(sh, x, tuple(global_shape))
 
     return jax.tree_util.tree_map_with_path(place, batch)
@@ -111,7 +159,8 @@ def put_batch(batch: dict, mesh, *, micro_axis: bool = True, model_config: Any =
 def gather_images(batch: dict, mesh, model_config: Any, *, micro_axis: bool = True) -> dict:
     """{pixel_values, vision} of the global batch from every process's local ones
     (collective: all processes call it together). Host numpy arrays, identical on all
-    processes, shaped like the local ones with P = process_count * max(local P)."""
+    processes, shaped like the local ones with P = process_count * max(local P),
+    S = process_count * max(local S) slots of L = max(local L) positions."""
     mu = model_config.vision.merge_unit
     ids = np.asarray(batch["input_ids"] if "input_ids" in batch else batch["prompt_ids"])
     pixels = np.asarray(batch["pixel_values"])
@@ -119,29 +168,32 @@ def gather_images(batch: dict, mesh, model_config: Any, *, micro_axis: bool = Tr
     if not micro_axis:
         ids, pixels, vision = ids[None], pixels[None], {k: v[None] for k, v in vision.items()}
     m, p_local = pixels.shape[:2]
+    _, s_local, l_local = vision_shape({k: v[0] for k, v in vision.items()})
     consumed = (ids == model_config.image_token_id).reshape(m, -1).sum(1) * mu  # [M] patches used
     if (consumed > p_local).any():
         raise ValueError(f"process {jax.process_index()}: the batch has {consumed.max() // mu} image tokens "
                          f"but pixel_values holds only {p_local} patches ({p_local // mu} merged tokens)")
-    # per process: B, T, P, its first row in the global batch, consumed patches per micro-batch
-    meta = multihost_utils.process_allgather(
-        np.array([*ids.shape[1:], p_local, first_global_row(mesh, ids.shape[1]), *consumed], np.int64))
-    shapes, p_all, first_rows, consumed_all = meta[:, :2], meta[:, 2], meta[:, 3], meta[:, 4:]
+    # per process: B, T, P, S, L, its first row in the global batch, consumed patches per micro-batch
+    meta = multihost_utils.process_allgather(np.array(
+        [*ids.shape[1:], p_local, s_local, l_local, first_global_row(mesh, ids.shape[1]), *consumed], np.int64))
+    shapes, first_rows, consumed_all = meta[:, :2], meta[:, 5], meta[:, 6:]
+    p_max, s_max, l_max = (int(meta[:, i].max()) for i in (2, 3, 4))
     if (shapes != shapes[0]).any():
         raise ValueError(f"token arrays [B, T] differ across processes: {shapes.tolist()}; every process "
                          f"must collate the same shape (one sequence bucket: data.seq_buckets=())")
-    p_max = int(p_all.max())
     if p_max % mu:
         raise ValueError(f"pixel_values rows ({p_max}) must be a multiple of the merge unit {mu}")
-    local = {"pixel_values": _pad_rows(pixels, p_max),
-             "vision": {k: _pad_rows(v, p_max // mu if k in _UNIT_INDEX else p_max) for k, v in vision.items()}}
+    padded = [pad_patches(pixels[j], {k: v[j] for k, v in vision.items()}, p_max, s_max, l_max) for j in range(m)]
+    local = {"pixel_values": np.stack([x[0] for x in padded]),
+             "vision": {k: np.stack([x[1][k] for x in padded]) for k in vision}}
     every = multihost_utils.process_allgather(local)    # leaves [n_proc, M, ...]
     order = np.argsort(first_rows, kind="stable")       # processes in global row order
+    n = len(meta)
     micro = []
     for j in range(m):
         parts = [(every["pixel_values"][i, j], {k: v[i, j] for k, v in every["vision"].items()},
                   int(consumed_all[i, j])) for i in order]
-        micro.append(join_patches(parts, len(meta) * p_max, mu))
+        micro.append(join_patches(parts, n * p_max, mu, num_slots=n * s_max, slot_len=l_max))
     pixels_g = np.stack([x[0] for x in micro])
     vision_g = {k: np.stack([x[1][k] for x in micro]) for k in vision}
     if not micro_axis:
@@ -149,57 +201,99 @@ def gather_images(batch: dict, mesh, model_config: Any, *, micro_axis: bool = Tr
     return {"pixel_values": pixels_g, "vision": vision_g}
 
 
-def join_patches(parts: list[tuple[np.ndarray, dict, int]], num_patches: int, merge_unit: int
-                 ) -> tuple[np.ndarray, dict]:
-    """One patch sequence from several: ``parts`` is, in global row order, (pixel_values
+def join_patches(parts: list[tuple[np.ndarray, dict, int]], num_patches: int, merge_unit: int, *,
+                 num_slots: int | None = None, slot_len: int | None = None) -> tuple[np.ndarray, dict]:
+    """One image layout from several: ``parts`` is, in global row order, (pixel_values
     [P_i, D], vision dict of prepare_vision_inputs, consumed patches R_i) where the first
     R_i patches are the images whose tokens are in that part's rows (the rest is padding,
     or collate's dummy image of a batch without samples). Returns ([num_patches, D],
-    vision) with the consumed patches first, renumbered, then inert padding."""
+    vision) with the consumed patches, slots and tokens first, renumbered, then inert
+    padding: ``num_slots`` slots of ``slot_len`` positions (default: as many as the
+    consumed frames need, as prepare_vision_inputs' defaults)."""
     counts = [r for _, _, r in parts]
     total = sum(counts)
     if total > num_patches or num_patches % merge_unit:
         raise ValueError(f"num_patches={num_patches} must be a multiple of {merge_unit} and >= {total}")
+    for key in parts[0][1]:
+        if key not in _SLOT_KEYS + _TOKEN_KEYS:
+            raise ValueError(f"join_patches does not know how to renumber vision[{key!r}] across processes; "
+                             f"add it to a key group in guilibra_jax/train/batching.py")
+    slots, needs = [], []
+    for _, v, r in parts:
+        k, need = _consumed_slots(v, r, merge_unit)
+        slots.append(k)
+        needs += need
+    l0 = np.shape(parts[0][1]["patch_index"])[1]
+    unit = l0 // np.shape(parts[0][1]["window_lengths"])[1] if "window_lengths" in parts[0][1] else merge_unit
+    n_slots = max(1, sum(slots)) if num_slots is None else int(num_slots)
+    length = max(needs + [unit]) if slot_len is None else int(slot_len)
+    if n_slots < sum(slots) or length < max(needs + [unit]) or length % unit:
+        raise ValueError(f"join_patches: {sum(slots)} slots needing {max(needs + [unit])} positions do not fit "
+                         f"num_slots={n_slots}, slot_len={length} (a multiple of {unit})")
     pixels = np.zeros((num_patches,) + parts[0][0].shape[1:], parts[0][0].dtype)
     pixels[:total] = np.concatenate([p[:r] for p, _, r in parts])
     vision = {}
     for key in parts[0][1]:
-        if key not in _PATCH_ROWS + _SEGMENT_IDS + _PATCH_INDEX + _UNIT_INDEX:
-            raise ValueError(f"join_patches does not know how to renumber vision[{key!r}] across processes; "
-                             f"add it to a key group in guilibra_jax/train/batching.py")
-        if key in _UNIT_INDEX:
-            vision[key] = _join_entry(key, [v[key] for _, v, _ in parts], [r // merge_unit for r in counts],
-                                      num_patches // merge_unit)
+        arrays = [v[key] for _, v, _ in parts]
+        if key in _TOKEN_KEYS:
+            vision[key] = _join_tokens(key, arrays, [r // merge_unit for r in counts], slots, num_patches // merge_unit)
         else:
-            vision[key] = _join_entry(key, [v[key] for _, v, _ in parts], counts, num_patches)
+            vision[key] = _join_slots(key, arrays, slots, counts, n_slots,
+                                      length // unit if key == "window_lengths" else length)
     return pixels, vision
 
 
-def _join_entry(key: str, arrays: list[np.ndarray], counts: list[int], n: int) -> np.ndarray:
-    """Concatenate the first counts[i] rows of arrays[i], renumbered, and pad to n rows."""
-    is_index = key in _PATCH_INDEX or key in _UNIT_INDEX
+def _consumed_slots(vision: dict, consumed: int, merge_unit: int) -> tuple[int, list[int]]:
+    """(leading slots whose patches are the ``consumed`` ones, their slot-length needs)."""
+    lens = np.asarray(vision["slot_lengths"])
+    cum = np.cumsum(lens)
+    k = 0
+    while k < len(lens) and lens[k] > 0 and cum[k] <= consumed:
+        k += 1
+    held = int(cum[k - 1]) if k else 0
+    if held != consumed:
+        raise ValueError(f"vision['slot_lengths']: the image tokens of a process's rows take {consumed} patches "
+                         f"but its leading images hold {held} (slot lengths {lens.tolist()}): the image tokens "
+                         f"of its rows do not match its images")
+    slot = np.asarray(vision["token_slot"])[:consumed // merge_unit]
+    if len(slot) and (slot.min() < 0 or slot.max() >= k):
+        raise ValueError(f"vision['token_slot'] points outside the {k} consumed slots of its process")
+    if "window_lengths" in vision:
+        wl = np.asarray(vision["window_lengths"])
+        unit = np.shape(vision["patch_index"])[1] // wl.shape[1]
+        return k, [int(np.count_nonzero(wl[s])) * unit for s in range(k)]
+    return k, [int(x) for x in lens[:k]]
+
+
+def _join_slots(key: str, arrays: list[np.ndarray], slots: list[int], counts: list[int], n_slots: int,
+                width: int) -> np.ndarray:
+    """The first slots[i] slots of arrays[i] (pixel rows shifted past earlier parts' rows),
+    their second axis widened to ``width``, then padding slots up to ``n_slots``."""
+    fill = -1 if key in _SLOT_LOCAL_INDEX + _PIXEL_INDEX else 0
     pieces, shift = [], 0
-    for x, r in zip(arrays, counts):
-        x = x[:r]
-        if key in _SEGMENT_IDS:
-            pieces.append(np.where(x > 0, x + shift, 0))
-            shift += int(x.max(initial=0))
-        elif is_index:
-            if r and (x.min() < 0 or x.max() >= r):
-                raise ValueError(f"vision[{key!r}] points outside the {r} consumed rows of its process: the "
-                                 f"image tokens of its rows do not match its images")
-            pieces.append(x + shift)
-            shift += r
-        else:
-            pieces.append(x)
-    real = sum(counts)
-    tail = np.arange(real, n) if is_index else np.zeros((n - real,) + arrays[0].shape[1:])
-    return np.concatenate(pieces + [tail.astype(arrays[0].dtype)]).astype(arrays[0].dtype)
+    for x, k, r in zip(arrays, slots, counts):
+        x = np.asarray(x)[:k]
+        if key in _PIXEL_INDEX:
+            x = np.where(x >= 0, x + shift, -1)
+        if x.ndim > 1:
+            x = np.pad(x, [(0, 0), (0, width - x.shape[1])] + [(0, 0)] * (x.ndim - 2), constant_values=fill)
+        pieces.append(x)
+        shift += r
+    ref = np.asarray(arrays[0])
+    tail = np.full((n_slots - sum(slots),) + ((width,) if ref.ndim > 1 else ()) + ref.shape[2:], fill, ref.dtype)
+    return np.concatenate(pieces + [tail]).astype(ref.dtype)
 
 
-def _pad_rows(x: np.ndarray, n: int) -> np.ndarray:
-    """Pad axis 1 (after the micro axis) of ``x`` with zeros to ``n`` rows."""
-    return np.pad(x, [(0, 0), (0, n - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
+def _join_tokens(key: str, arrays: list[np.ndarray], tokens: list[int], slots: list[int], n: int) -> np.ndarray:
+    """The first tokens[i] entries of arrays[i] (slot numbers shifted past earlier parts'
+    slots), then -1 up to ``n``."""
+    pieces, shift = [], 0
+    for x, t, k in zip(arrays, tokens, slots):
+        x = np.asarray(x)[:t]
+        pieces.append(x + shift if key in _TOKEN_SLOT else x)
+        shift += k
+    dtype = np.asarray(arrays[0]).dtype
+    return np.concatenate(pieces + [np.full(n - sum(tokens), -1, dtype)]).astype(dtype)
 
 
 def first_global_row(mesh, local_rows: int) -> int:

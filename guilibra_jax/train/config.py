@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 
 import ml_collections as mlc
@@ -104,6 +105,13 @@ def base_config() -> mlc.ConfigDict:
         # that carry no loss (logged as group_filter/short_groups)
         group_filter=dict(enabled=False, max_rounds=10),
         score_chunk=0,       # vocabulary projection over T-chunks of this size when scoring (0 = off)
+        # old-policy log-probs of the PPO ratio: auto (the sampler's own when sampling is not top-p /
+        # top-k truncated: one scoring pass less per step) | sampler | recompute (a scoring pass)
+        old_logprobs="auto",
+        # rows (responses) per sampler / scoring call over all processes; a round's rows
+        # (data.batch_size x rl.group_size) go through in calls of this size, so the KV cache and
+        # the scoring activations are bounded by it (0 = a whole round in one call)
+        generation_rows=0, score_rows=0,
     ))
     c.mesh = mlc.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
     # What the recipe is sized for: launch.plan's defaults (devices = hosts * devices_per_host,
@@ -279,6 +287,9 @@ RULES: dict[str, K.Check] = {
     "rl.group_filter.enabled": K.boolean(),
     "rl.group_filter.max_rounds": K.integer(0, note="(0 = no limit)"),
     "rl.score_chunk": K.integer(0, note="(0 = off)"),
+    "rl.old_logprobs": K.one_of("auto", "sampler", "recompute"),
+    "rl.generation_rows": K.integer(0, note="(0 = a whole round per call)"),
+    "rl.score_rows": K.integer(0, note="(0 = a whole round per call)"),
     "mesh.data": K.Check(lambda v: isinstance(v, int) and (v >= 1 or v == -1), "a positive size or -1"),
     "mesh.fsdp": K.Check(lambda v: isinstance(v, int) and (v >= 1 or v == -1), "a positive size or -1"),
     "mesh.tensor": K.Check(lambda v: isinstance(v, int) and (v >= 1 or v == -1), "a positive size or -1"),
@@ -416,6 +427,13 @@ def _check_mesh_and_batch(c, known: Known) -> None:
     if rows % (rl.minibatches * c.train.grad_accum):
         _fail("rl.minibatches", rl.minibatches, f"a divisor of (rl.update_groups or data.batch_size) * "
               f"rl.group_size = {rows} together with train.grad_accum = {c.train.grad_accum}")
+    round_rows = c.data.batch_size * rl.group_size
+    for key in ("generation_rows", "score_rows"):
+        n = rl[key]
+        unit = math.lcm(procs, dp)
+        if n and (round_rows % n or n % unit):
+            _fail(f"rl.{key}", n, f"0 or a divisor of data.batch_size x rl.group_size = {round_rows} that is a "
+                  f"multiple of {unit} (the processes, {procs}, and the data-parallel devices, {dp})")
     micro = rows // (rl.minibatches * c.train.grad_accum)
     if micro % dp:
         _fail("data.batch_size", c.data.batch_size, f"update micro-batches ((rl.update_groups or data.batch_size) "
@@ -441,6 +459,9 @@ def _frozen_spec_ok(spec: str) -> bool:
 
 def _check_rl(c, known: Known) -> None:
     r = c.rl
+    if r.old_logprobs == "sampler" and (r.top_p < 1.0 or r.top_k):
+        _fail("rl.old_logprobs", r.old_logprobs, f"auto or recompute when sampling is truncated (rl.top_p = "
+              f"{r.top_p}, rl.top_k = {r.top_k}): the sampler's log-probs are then not the policy's")
     if c.method == "grpo":
         if r.reference and not _frozen_spec_ok(r.reference) and not known.planning:
             _fail("rl.reference", r.reference, "an existing HF folder, training workdir or random:<seed> "

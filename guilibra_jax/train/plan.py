@@ -15,7 +15,8 @@ XLA's CPU and GPU backends fuse and schedule differently, and the CPU may comput
 f32. The trainer writes the same report for its real devices as ``memory_plan.json``.
 
 Shapes: micro-batch rows over all processes; prompts of ``max(data.seq_buckets)`` (or
-``data.max_length``) tokens with one image of ``max_pixels``; ``rl.max_new_tokens``
+``data.max_length``) tokens with one landscape image of ``max_pixels`` each (one vision
+tower slot per row, sharded over the batch devices like the rows); ``rl.max_new_tokens``
 response slots.
 """
 
@@ -33,6 +34,7 @@ from flax import nnx
 from guilibra_jax import sharding as S
 from guilibra_jax.data import images as I
 from guilibra_jax.models.vision import device_vision_inputs, prepare_vision_inputs
+from guilibra_jax.train.batching import pad_slots_to_mesh, placement
 
 GIB = 2 ** 30
 HEADROOM = 0.9   # XLA and the runtime keep some memory for themselves (e.g. the GPU allocator's reserve)
@@ -87,34 +89,40 @@ def patches_per_image(config, model_config) -> int:
     return max(mu, n // mu * mu)
 
 
+def largest_grid(config, model_config) -> tuple[int, int, int]:
+    """(t, h, w) of a landscape image of exactly :func:`patches_per_image` patches (the
+    divisor of its merged units closest to a 16:9 aspect)."""
+    m = model_config.vision.spatial_merge_size
+    units = patches_per_image(config, model_config) // (m * m)
+    rows = min((d for d in range(1, units + 1) if units % d == 0), key=lambda d: abs(d - math.sqrt(units * 9 / 16)))
+    return 1, rows * m, units // rows * m
+
+
 def batch_struct(mesh, host: dict, micro_axis: bool) -> dict:
     """Abstract global batch of host-shaped arrays placed like ``batching.put_batch``:
-    rows over (data, fsdp), images and vision metadata replicated."""
-    batch_dim = 1 if micro_axis else 0
+    rows and vision slots over (data, fsdp), pixels and per-token vision entries replicated."""
+    host = pad_slots_to_mesh(host, mesh, micro_axis)
 
     def one(path, x):
-        name = str(getattr(path[0], "key", path[0]))
         x = np.asarray(x)
-        if name in ("pixel_values", "vision") or x.ndim <= batch_dim:
-            sh = S.replicated(mesh)
-        else:
-            sh = S.batch_sharding(mesh, x.ndim, batch_dim + (1 if name == "positions" else 0))
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placement(path, x.ndim, mesh, micro_axis))
 
     return jax.tree_util.tree_map_with_path(one, host)
 
 
 def image_inputs(config, model_config, rows: int, processes: int = 1) -> tuple[np.ndarray, dict]:
     """Host-shaped (zeros) pixel_values [P, D] and vision arrays for ``rows`` images of the
-    largest size, padded as the trainer pads (per process, then joined)."""
+    largest size, laid out as the trainer lays them out (per process, then joined)."""
     vc = model_config.vision
-    per = patches_per_image(config, model_config)
+    grid = largest_grid(config, model_config)
+    per = grid[1] * grid[2]
     bucket = config.data.patch_bucket
-    local = -(-(rows // processes) * per // bucket) * bucket
+    local_rows = max(1, rows // processes)
+    local = -(-local_rows * per // bucket) * bucket
     total = max(local, bucket) * processes
-    m = vc.spatial_merge_size
-    vision = device_vision_inputs(prepare_vision_inputs(np.array([[1, m, total // m]]), model_config,
-                                                        num_patches=total))
+    images = local_rows * processes
+    vision = device_vision_inputs(prepare_vision_inputs(np.array([grid] * images), model_config, num_patches=total,
+                                                        num_slots=images, slot_bucket=bucket))
     dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size * vc.patch_size
     return np.zeros((total, dim), np.float32), vision
 
@@ -214,7 +222,9 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     processes = processes or jax.process_count()
     Tp, N = prompt_length(config), rl.max_new_tokens
     T = Tp + N
-    gen_rows = config.data.batch_size * rl.group_size
+    round_rows = config.data.batch_size * rl.group_size
+    gen_rows = rl.get("generation_rows", 0) or round_rows    # rows per sampler call
+    score_rows = rl.get("score_rows", 0) or round_rows       # rows per scoring call
     upd_rows = rl_loop.update_groups(config) * rl.group_size
     micro_rows = upd_rows // rl.minibatches // tc.grad_accum
     M = tc.grad_accum
@@ -253,20 +263,21 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     st["kv_cache_estimate"] = kv_cache_bytes(mc, gen_rows, T - 1, config.model.dtype, mesh)
     programs["sampler"] = st
 
-    # scoring: the policy (old log-probs) and each frozen model on a generation round's rows
-    seq = {"input_ids": np.zeros((gen_rows, T), np.int32), "positions": np.zeros((3, gen_rows, T), np.int32),
-           "segment_ids": np.zeros((gen_rows, T), np.int32), "pixel_values": pv, "vision": vision,
-           "response_mask": np.zeros((gen_rows, T), np.int32)}
+    # scoring: the policy (old log-probs) and each frozen model, rl.score_rows rows per call
+    pv, vision = image_inputs(config, mc, score_rows, processes)
+    seq = {"input_ids": np.zeros((score_rows, T), np.int32), "positions": np.zeros((3, score_rows, T), np.int32),
+           "segment_ids": np.zeros((score_rows, T), np.int32), "pixel_values": pv, "vision": vision,
+           "response_mask": np.zeros((score_rows, T), np.int32)}
     b = batch_struct(mesh, seq, micro_axis=False)
-    for name, gd, params in [("policy", s.graphdef, abs_state["params"])] + [
-            (n, f.graphdef, abstract(f.params)) for n, f in s.frozen.items()]:
+    scored = [] if rl_loop.reuse_sampler_log_probs(rl) else [("policy", s.graphdef, abs_state["params"])]
+    for name, gd, params in scored + [(n, f.graphdef, abstract(f.params)) for n, f in s.frozen.items()]:
         compiled = G.score.lower(gd, params, b["input_ids"], b["positions"], b["segment_ids"], b["pixel_values"],
                                  b["vision"], b["response_mask"], temperature=float(rl.temperature),
                                  chunk_size=s.chunk, banned_token_ids=s.banned).compile()
         st = compiled_stats(compiled)
         st["resident_args"] = per_device_bytes(params)
         programs[f"score_{name}"] = st
-    shapes = {"generation_rows": gen_rows, "update_rows": upd_rows, "micro_rows": micro_rows, "micro_batches": M,
+    shapes = {"round_rows": round_rows, "generation_rows": gen_rows, "score_rows": score_rows, "update_rows": upd_rows, "micro_rows": micro_rows, "micro_batches": M,
               "prompt_tokens": Tp, "response_tokens": N, "patches_per_image": patches_per_image(config, mc)}
     return _report(mesh, resident, programs, device_memory_gib, {"shapes": shapes})
 

@@ -145,8 +145,14 @@ def setup(config, mesh, tokenizer, *, materialize: bool = True) -> tuple[Stage2,
     dp = int(np.prod([mesh.shape[a] for a in S.BATCH_AXES]))
     s2 = Stage2(config, mesh, graphdef, model_config, tokenizer, sampling, frozen, update_fn, pad_id, stop, banned,
                 row_multiple=max(1, dp // jax.process_count()),
-                think_opened=data_source.think_opened(config, tokenizer) if tokenizer is not None else False)
+                think_opened=_think_opened(config, tokenizer))
     return s2, state, state_sh
+
+
+def _think_opened(config, tokenizer) -> bool:
+    """data_source.think_opened, False when planning without a tokenizer."""
+    from guilibra_jax.train import data_source
+    return tokenizer is not None and data_source.think_opened(config, tokenizer)
 
 
 def special_ids(tokenizer, model_config) -> tuple[int, tuple[int, ...]]:
@@ -179,17 +185,30 @@ def device_inputs(s: Stage2, host: dict, micro_axis: bool = False) -> dict:
 
 
 def _no_images(s: Stage2, micro_axis: bool, host: dict):
-    """Inert padding patches (as collate's dummy image): no image token takes them."""
+    """Inert padding patches and empty tower slots (as collate's batch without images)."""
     vc = s.model_config.vision
-    m = vc.spatial_merge_size
     n = s.patch_bucket
     dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size * vc.patch_size
     pv = np.zeros((n, dim), np.float32)
-    vision = prepare_vision_inputs(np.array([[1, m, n // m]]), s.model_config, num_patches=n)
+    vision = prepare_vision_inputs(np.zeros((0, 3), np.int64), s.model_config, num_patches=n)
     if micro_axis:
         k = len(next(iter(host.values())))
         return np.stack([pv] * k), {key: np.stack([v] * k) for key, v in vision.items()}
     return pv, vision
+
+
+def local_chunk(s: Stage2, rows_over_processes: int) -> int:
+    """This process's share of a per-call row count (``rl.generation_rows`` /
+    ``rl.score_rows``; 0 = every row in one call)."""
+    return rows_over_processes // jax.process_count() if rows_over_processes else 0
+
+
+def row_chunks(n: int, size: int) -> list[np.ndarray]:
+    """Row indices 0..n-1 in calls of ``size`` rows (0: one call). Every process has the
+    same n and size (validated), so all make the same calls."""
+    if not size or size >= n:
+        return [np.arange(n)]
+    return [np.arange(i, min(i + size, n)) for i in range(0, n, size)]
 
 
 # ----------------------------------------------------------------------------- phases
@@ -198,11 +217,15 @@ def rollout(s: Stage2, params, batch: dict, key) -> RO.Rollout:
     policy ``params``; the rollout holds tokens, lengths, the sampler's log-probs and texts."""
     ro = RO.expand_groups(batch, s.rl.group_size)
     ro = RO.pad_prompts(ro, MH.agree_max(ro.prompt_ids.shape[1]))
-    inputs = device_inputs(s, RO.prompt_inputs(ro, s.model_config, s.patch_bucket))
-    out = G.generate(s.graphdef, params, inputs["prompt_ids"], inputs["prompt_mask"], inputs["positions"],
-                     inputs["rope_deltas"], inputs["pixel_values"], inputs["vision"], key, s.sampling)
-    ro.tokens, ro.lengths, ro.sample_logp = (MH.local_rows(x, s.mesh) for x in (out.tokens, out.lengths,
-                                                                                  out.logprobs))
+    outs = []
+    for c, rows in enumerate(row_chunks(ro.rows, local_chunk(s, s.rl.generation_rows))):
+        part = ro if len(rows) == ro.rows else RO.take_rows(ro, rows)
+        inputs = device_inputs(s, RO.prompt_inputs(part, s.model_config, s.patch_bucket))
+        out = G.generate(s.graphdef, params, inputs["prompt_ids"], inputs["prompt_mask"], inputs["positions"],
+                         inputs["rope_deltas"], inputs["pixel_values"], inputs["vision"],
+                         key if c == 0 else jax.random.fold_in(key, c), s.sampling)
+        outs.append([MH.local_rows(x, s.mesh) for x in (out.tokens, out.lengths, out.logprobs)])
+    ro.tokens, ro.lengths, ro.sample_logp = (np.concatenate(x) for x in zip(*outs))
     ro.texts = [G.decode_response(s.tokenizer, ro.tokens[i, :ro.lengths[i]], s.stop) for i in range(ro.rows)]
     return ro
 
@@ -283,6 +306,14 @@ class Scores:
     ref_logp: np.ndarray
 
 
+def reuse_sampler_log_probs(rl) -> bool:
+    """``rl.old_logprobs``: the old-policy log-probs are the sampler's ("sampler"; "auto"
+    when sampling is neither top-p nor top-k truncated, so the sampler drew from the
+    policy's own tempered distribution) or a rescoring pass ("recompute")."""
+    mode = rl.get("old_logprobs", "recompute")
+    return mode == "sampler" or (mode == "auto" and rl.top_p >= 1.0 and rl.top_k == 0)
+
+
 def score(s: Stage2, params, ro: RO.Rollout) -> Scores:
     """Old-policy log-probs and the frozen models' log-probs of the sampled tokens: GRPO's
     reference on every row; MOPD's teachers, each on its own platform's rows only."""
@@ -291,20 +322,26 @@ def score(s: Stage2, params, ro: RO.Rollout) -> Scores:
     n_slots = next(b for b in RO.response_buckets(ro.tokens.shape[1]) if b >= longest)
     all_rows = np.arange(ro.rows)
     seq_host = RO.sequence_batch(ro, all_rows, s.model_config, s.patch_bucket, s.pad_id, n_slots)
-    seq = device_inputs(s, seq_host)
     kw = dict(temperature=s.rl.temperature, chunk=s.chunk, banned=s.banned)
-    policy = FZ.Frozen("policy", s.graphdef, params, s.model_config)
-    old_logp = MH.local_rows(FZ.score(policy, seq, **kw), s.mesh)
+    size = local_chunk(s, s.rl.score_rows)
 
     def score_rows(f: FZ.Frozen, rows: np.ndarray) -> np.ndarray:
-        # (a collective: every process builds its batch, whatever rows it holds)
-        fseq = device_inputs(s, RO.sequence_batch(ro, rows, f.model_config, s.patch_bucket, s.pad_id, n_slots))
-        return MH.local_rows(FZ.score(f, fseq, **kw), s.mesh)
+        # (a collective: every process builds its batches, whatever rows it holds; at most
+        # rl.score_rows rows over all processes per call)
+        out = []
+        for part in row_chunks(len(rows), size):
+            fseq = device_inputs(s, RO.sequence_batch(ro, rows[part], f.model_config, s.patch_bucket, s.pad_id,
+                                                      n_slots))
+            out.append(MH.local_rows(FZ.score(f, fseq, **kw), s.mesh))
+        return np.concatenate(out)
+
+    if reuse_sampler_log_probs(s.rl):   # the sampler scored the same policy's distribution
+        old_logp = RO.sampler_log_probs(ro, n_slots)
+    else:
+        old_logp = score_rows(FZ.Frozen("policy", s.graphdef, params, s.model_config), all_rows)
 
     if s.method == "grpo":
-        ref = s.frozen["reference"]
-        same = ref.model_config == s.model_config   # the same on every process
-        ref_logp = MH.local_rows(FZ.score(ref, seq, **kw), s.mesh) if same else score_rows(ref, all_rows)
+        ref_logp = score_rows(s.frozen["reference"], all_rows)
     else:
         ref_logp = FZ.score_by_platform(ro.platform, ro.valid, s.frozen, score_rows, s.row_multiple,
                                         np.zeros_like(old_logp))

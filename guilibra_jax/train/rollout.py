@@ -140,7 +140,7 @@ def concat(parts: Sequence[Rollout]) -> Rollout:
 def vision_arrays(grids: Sequence, pixels: Sequence, model_config: Any, patch_bucket: int, patch_dim: int
                   ) -> tuple[np.ndarray | None, dict | None]:
     """(pixel_values [P, D], host vision dict) of the rows' images in row order, P a
-    multiple of ``patch_bucket``; (None, None) without images."""
+    multiple of ``patch_bucket``, one tower slot per row (or frame); (None, None) without images."""
     used = [(g, p) for g, p in zip(grids, pixels) if g is not None]
     if not used:
         return None, None
@@ -148,7 +148,9 @@ def vision_arrays(grids: Sequence, pixels: Sequence, model_config: Any, patch_bu
     P = round_up(real, patch_bucket)
     pv = np.zeros((P, patch_dim), np.float32)
     pv[:real] = np.concatenate([p for _, p in used])
-    return pv, prepare_vision_inputs(np.stack([g for g, _ in used]), model_config, num_patches=P)
+    g = np.asarray([g for g, _ in used]).reshape(-1, 3)
+    return pv, prepare_vision_inputs(g, model_config, num_patches=P, num_slots=max(len(grids), int(g[:, 0].sum())),
+                                     slot_bucket=patch_bucket)
 
 
 def prompt_inputs(ro: Rollout, model_config: Any, patch_bucket: int) -> dict:
@@ -194,6 +196,20 @@ def sequence_batch(ro: Rollout, rows: Sequence[int], model_config: Any, patch_bu
                                patch_bucket, dim)
     return {"input_ids": ids, "segment_ids": seg, "positions": positions.astype(np.int32),
             "response_mask": response_mask.astype(np.int32), "pixel_values": pv, "vision": vision}
+
+
+def sampler_log_probs(ro: Rollout, n_slots: int) -> np.ndarray:
+    """The sampler's log-probs of the responses in :func:`sequence_batch`'s layout [R, Tp +
+    n_slots] (column t scores token t + 1; 0 off the responses), so they can stand in for a
+    rescoring by the same policy: equal up to float noise when the sampling distribution is
+    the policy's (top_p 1, top_k 0; ``test_rescored_rollout_equals_the_samplers_log_probs``)."""
+    if ro.sample_logp is None:
+        raise ValueError("rollout has no sampler log-probs")
+    Tp = ro.prompt_ids.shape[1]
+    on = (np.arange(n_slots)[None] < ro.lengths[:, None]) & ro.valid[:, None]
+    out = np.zeros((ro.rows, Tp + n_slots), np.float32)
+    out[:, Tp - 1:Tp - 1 + n_slots] = np.where(on, ro.sample_logp[:, :n_slots], 0.0)
+    return out
 
 
 # ----------------------------------------------------------------------------- rewards

@@ -52,7 +52,7 @@ def test_sft_batch_layout(native_dataset, qwen_tok, qwen25_config):
         assert (seg[first:] > 0).all() and ids[-1] == qwen_tok.convert_tokens_to_ids("<|im_end|>")
     n_real = int(b["image_grid_thw"].prod(-1).sum())
     assert b["pixel_values"].shape[0] % 64 == 0 and b["pixel_values"].shape[0] >= n_real
-    assert (b["pixel_values"][n_real:] == 0).all() and b["vision"]["pos_hw"].shape[0] == b["pixel_values"].shape[0]
+    assert (b["pixel_values"][n_real:] == 0).all() and b["vision"]["token_slot"].shape[0] * 4 == b["pixel_values"].shape[0]
     it.close()
 
 

@@ -50,8 +50,8 @@ def test_joined_parts_equal_prepare_vision_inputs_of_all_images(family):
 def test_join_rejects_index_beyond_consumed_patches():
     cfg = F.tiny_config("qwen2_5_vl")
     pixels, vision, real = local_part([(1, 4, 6), (1, 8, 8)], cfg, bucket=32, rng=np.random.default_rng(0))
-    consumed = 24 + 12  # the first image and 3 of the 16 merged tokens of the second: part of a window
-    with pytest.raises(ValueError, match="window_perm"):
+    consumed = 24 + 12  # the first image and 3 of the 16 merged tokens of the second: part of an image
+    with pytest.raises(ValueError, match="slot_lengths"):
         join_patches([(pixels, vision, consumed)], 2 * pixels.shape[0], cfg.vision.merge_unit)
 
 
@@ -80,7 +80,9 @@ def test_micro_batches_of_different_patch_buckets_stack_with_inert_padding(famil
     stacked = stack_micro_batches(micro)
     n = micro[1]["pixel_values"].shape[0]
     assert stacked["pixel_values"].shape == (2, n, cfg.vision.patch_dim)
-    expected = device_vision_inputs(M.prepare_vision_inputs(np.asarray(grids[0]), cfg, num_patches=n))
+    slots, slot_len = micro[1]["vision"]["patch_index"].shape  # the larger layout of the two
+    expected = device_vision_inputs(M.prepare_vision_inputs(np.asarray(grids[0]), cfg, num_patches=n,
+                                                            num_slots=slots, slot_len=slot_len))
     for k in expected:
         np.testing.assert_array_equal(stacked["vision"][k][0], expected[k], err_msg=k)
         np.testing.assert_array_equal(stacked["vision"][k][1], micro[1]["vision"][k], err_msg=k)

@@ -104,6 +104,8 @@ def test_rescored_rollout_equals_the_samplers_log_probs():
         assert host["response_mask"][r].sum() == n
         np.testing.assert_allclose(lp[r, Tp - 1:Tp - 1 + n], np.asarray(out.logprobs)[r, :n], atol=2e-5)
         assert np.all(lp[r, Tp - 1 + n:] == 0)
+    ro.sample_logp = np.asarray(out.logprobs)        # what rl.old_logprobs="auto" uses instead of lp
+    np.testing.assert_allclose(RO.sampler_log_probs(ro, lp.shape[1] - Tp), lp, atol=2e-5)
 
 
 def update_batch(cfg, graphdef, params, ro, ref_params=None, advantages=None, kl_mask=None):
@@ -318,3 +320,43 @@ def test_group_filter_round_limit_completes_the_update_with_lossless_groups(monk
     c = _fake_stage(monkeypatch, [[1, 1, 0, 0], [0, 0, 1, 1]], update_groups=2, max_rounds=2)
     assert (c.rounds, c.kept_groups, c.short_groups) == (2, 0, 2)
     assert not c.ro.valid.any() and c.ro.rows == 4      # shapes kept, no loss, logged as short
+
+
+def _stage(generation_rows=0, score_rows=0, old_logprobs="recompute"):
+    """A real Stage2 of the tiny model on one device (GRPO, the reference a sharpened copy)."""
+    cfg, graphdef, params = tiny()
+    config = mlc.ConfigDict(dict(method="grpo", data=dict(batch_size=3, patch_bucket=PATCH_BUCKET), rl=dict(
+        group_size=GROUP, temperature=1.0, top_p=1.0, top_k=0, score_chunk=0, old_logprobs=old_logprobs,
+        generation_rows=generation_rows, score_rows=score_rows)))
+    mesh = S.make_mesh({"data": -1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
+    banned = RO.vision_token_ids(cfg)
+    sampling = G.SamplingConfig(temperature=1.0, max_new_tokens=5, stop_token_ids=(cfg.text.vocab_size - 1,),
+                                banned_token_ids=banned)
+    ref = FZ.Frozen("reference", graphdef, sharpen(params, 2), cfg)
+
+    class Tok:
+        def decode(self, ids, **kw):
+            return " ".join(map(str, ids))
+
+    s = rl_loop.Stage2(config, mesh, graphdef, cfg, Tok(), sampling, {"reference": ref}, None, 0,
+                       (cfg.text.vocab_size - 1,), banned, row_multiple=1)
+    return s, params
+
+
+def test_rollout_and_scoring_in_row_chunks():
+    """rl.generation_rows / rl.score_rows: a round sampled 2 rows per call still pairs each
+    row's tokens with its own log-probs (they equal a rescoring of that row), and scoring in
+    calls of 2 rows gives the one-call log-probs."""
+    cfg = tiny()[0]
+    s, params = _stage(generation_rows=2)
+    ro = rl_loop.rollout(s, params, rl_batch(cfg), jax.random.PRNGKey(3))
+    assert ro.rows == 3 * GROUP and ro.tokens.shape == (ro.rows, 5)
+    whole = rl_loop.score(_stage()[0], params, ro)
+    chunked = rl_loop.score(_stage(score_rows=2)[0], params, ro)
+    np.testing.assert_allclose(chunked.old_logp, whole.old_logp, atol=1e-6)
+    np.testing.assert_allclose(chunked.ref_logp, whole.ref_logp, atol=1e-6)
+    assert np.abs(whole.ref_logp - whole.old_logp).max() > 1e-3          # the reference is another model
+    n_slots = whole.old_logp.shape[1] - ro.prompt_ids.shape[1]
+    np.testing.assert_allclose(RO.sampler_log_probs(ro, n_slots), whole.old_logp, atol=2e-5)
+    reused = rl_loop.score(_stage(old_logprobs="auto")[0], params, ro)   # top_p 1: the sampler's own
+    np.testing.assert_array_equal(reused.old_logp, RO.sampler_log_probs(ro, n_slots))

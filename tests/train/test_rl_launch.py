@@ -86,5 +86,6 @@ def test_mopd_routes_rollouts_to_two_teachers(tmp_path):
     plan = json.load(open(os.path.join(student, "memory_plan.json")))   # compiled on this run's devices
     gib = plan["per_device_gib"]
     assert gib["frozen_desktop"] > 0 and gib["frozen_mobile"] > 0 and gib["policy_params"] > 0
-    assert {"update", "sampler", "score_policy", "score_desktop", "score_mobile"} <= set(plan["programs"])
+    assert {"update", "sampler", "score_desktop", "score_mobile"} <= set(plan["programs"])   # top_p 1:
+    assert "score_policy" not in plan["programs"]            # old log-probs are the sampler's (rl.old_logprobs)
     assert plan["programs"]["update"]["temp"] > 0 and plan["fits"] is None   # CPU: device memory unknown
