@@ -2,6 +2,14 @@
 transformers checkpoint, and the transformers inputs of a batch."""
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import time
+
 import numpy as np
 from flax import nnx
 
@@ -54,3 +62,171 @@ def torch_inputs(input_ids, attention_mask, image_grid_thw, pixel_values, config
     return dict(input_ids=t(ids), attention_mask=t(np.asarray(attention_mask, np.int64)),
                 mm_token_type_ids=t((ids == config.image_token_id).astype(np.int64)),
                 image_grid_thw=t(np.asarray(image_grid_thw, np.int64)), pixel_values=t(pixel_values))
+
+
+# ----------------------------------------------------------------------------- results files
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def machine_info() -> dict:
+    """CPU model, cores, memory, accelerators (as JAX sees them) and a file-name slug."""
+    import jax
+
+    devices = jax.devices()
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        mem = None
+    kind = devices[0].device_kind
+    backend = jax.default_backend()
+    cores = os.cpu_count()
+    slug = (f"{backend}{len(devices)}-{kind}" if backend != "cpu" else f"cpu{cores}-{cpu_model()}").lower()
+    return {"cpu_model": cpu_model(), "cpu_cores": cores, "memory_bytes": mem, "hostname": platform.node(),
+            "jax_backend": backend, "devices": len(devices), "device_kind": kind,
+            "slug": re.sub(r"[^a-z0-9]+", "-", slug).strip("-")[:60]}
+
+
+def versions() -> dict:
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for name in ("jax", "jaxlib", "flax", "optax", "numpy", "torch", "transformers"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:  # an optional side that is not installed
+            out[name] = None
+    return out
+
+
+def git_commit() -> dict:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, timeout=20).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    commit = git("rev-parse", "HEAD")
+    return {"commit": commit or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))
+            if commit else None}
+
+
+def is_loaded(load_before: list[float] | None, cores: int) -> bool | None:
+    """A machine counts as loaded when, before the benchmark started, its 1-minute load
+    average was above a quarter of its cores (other work competing for them)."""
+    return None if not load_before else load_before[0] > 0.25 * cores
+
+
+def run_start() -> dict:
+    """What a benchmark records as it starts: the load average, the git commit, the time."""
+    return {"load_average_before": load_average(), "git": git_commit(),
+            "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def write_result(name: str, result: dict, out_dir: str | None, loaded: bool | None, start: dict,
+                 machine: dict | None = None) -> str | None:
+    """Add machine (``machine_info()`` unless given), versions, ``start`` (run_start()), the
+    load average now and the ``loaded`` label to ``result`` and write it as
+    ``<out_dir>/<name>-<machine slug>.json`` (out_dir "" = write nothing). Returns the path."""
+    machine = machine or machine_info()
+    auto = is_loaded(start["load_average_before"], machine["cpu_cores"] or 1)
+    result.update({"machine": machine, "versions": versions(), **start, "load_average_after": load_average(),
+                   "loaded": auto if loaded is None else loaded})
+    if out_dir == "":
+        return None
+    out_dir = out_dir or RESULTS_DIR
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{name}-{machine['slug']}.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1, default=float)
+        f.write("\n")
+    return path
+
+
+def report(tag: str, name: str, result: dict, args, start: dict, machine: dict | None = None) -> dict:
+    """write_result with the benchmark's --out_dir / --loaded, then print the JSON and the path."""
+    path = write_result(name, result, args.out_dir, args.loaded, start, machine)
+    print(json.dumps(result))
+    if path:
+        print(f"[{tag}] wrote {path}", flush=True)
+    return result
+
+
+def add_result_args(p) -> None:
+    """--out_dir and --loaded, the flags every benchmark that writes a results file takes."""
+    p.add_argument("--out_dir", default=None, help="where the JSON goes (default benchmarks/results; '' = nowhere)")
+    p.add_argument("--loaded", action=argparse.BooleanOptionalAction, default=None,
+                   help="label the run as taken on a loaded machine (default: from the load average before "
+                        "the run: above a quarter of the cores)")
+
+
+def measure_matmul_peak(n: int | None = None, repeats: int = 3) -> float:
+    """This machine's JAX matmul FLOP/s: the best of ``repeats`` n x n products (2 n^3 FLOPs)
+    after a warm-up; float32 on CPU (n = 2048), bfloat16 on accelerators (n = 8192)."""
+    import jax
+    import jax.numpy as jnp
+
+    on_acc = jax.default_backend() != "cpu"
+    n = n or (8192 if on_acc else 2048)
+    dt = jnp.bfloat16 if on_acc else jnp.float32
+    a = jax.random.normal(jax.random.key(0), (n, n), dt)
+    b = jax.random.normal(jax.random.key(1), (n, n), dt)
+    f = jax.jit(lambda x, y: x @ y)
+    f(a, b).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats if not on_acc else 10):
+        t = time.perf_counter()
+        f(a, b).block_until_ready()
+        best = min(best, time.perf_counter() - t)
+    return 2 * n ** 3 / best
+
+
+# Dense bf16 FLOP/s (no sparsity) from the vendors' datasheets, matched against device_kind.
+NOMINAL_BF16_PEAK = {"H200": 989e12, "H100": 989e12, "H100 PCIe": 756e12, "H800": 989e12, "B200": 2250e12, "GB200": 2500e12,
+                     "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L40": 181e12, "L4": 121e12, "A10G": 70e12,
+                     "RTX 4090": 165e12, "TPU v5p": 459e12, "TPU v5 lite": 197e12, "TPU v4": 275e12,
+                     "TPU v6": 918e12}
+
+
+def nominal_peak(device_kind: str) -> float | None:
+    """The device's nominal dense bf16 FLOP/s (NOMINAL_BF16_PEAK; longest name that matches)."""
+    hits = [k for k in NOMINAL_BF16_PEAK if k.lower() in device_kind.lower()]
+    return NOMINAL_BF16_PEAK[max(hits, key=len)] if hits else None
+
+
+def measure_memory_bandwidth(mbytes: int | None = None, repeats: int = 5) -> float:
+    """This machine's JAX memory bandwidth in bytes/s: the best of ``repeats`` in-place passes
+    of x * 0.5 over a float32 array (one read and one write of it); 256 MB on CPU, 2 GB on
+    accelerators (far beyond any cache)."""
+    import jax
+    import jax.numpy as jnp
+
+    on_acc = jax.default_backend() != "cpu"
+    n = (mbytes or (2048 if on_acc else 256)) * 2 ** 20 // 4
+    f = jax.jit(lambda a: a * 0.5, donate_argnums=0)  # in place: no fresh pages to fault in
+    x = f(jnp.ones((n,), jnp.float32)).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        x = f(x).block_until_ready()
+        best = min(best, time.perf_counter() - t)
+    return 2 * 4 * n / best

@@ -118,6 +118,21 @@ def asft_loss_terms(logits, targets, segment_ids, *, alpha_action=2.0, alpha_gro
     return num, den
 
 
+def asft_token_coefficients(segment_ids, *, alpha_action=2.0, alpha_grounding=4.0,
+                            normalize="sample", weighting="paper") -> tuple[Array, Array]:
+    """(coef [B, T] float32, denominator []): `asft_loss_terms`' numerator is
+    Σ coef · nll, for a step that forms the NLL itself (only at the loss positions:
+    guilibra_jax.head_loss). "token": coef = w; "sample": coef = w / Σ_t w of its sample
+    (0 for samples without weight). The denominator is `asft_loss_terms`'. ``weighting``:
+    see `segment_weights`."""
+    _check("normalize", normalize, NORMALIZATIONS)
+    w = segment_weights(segment_ids, alpha_action, alpha_grounding, weighting)  # [B, T]
+    if normalize == "token":
+        return w, jnp.sum(w)
+    den_b = jnp.sum(w, axis=-1, keepdims=True)  # [B, 1]
+    return _safe_div(w, den_b), jnp.sum((den_b > 0).astype(jnp.float32))
+
+
 def asft_loss(logits, targets, segment_ids, *, alpha_action=2.0, alpha_grounding=4.0,
               normalize="sample", weighting="paper") -> tuple[Array, dict]:
     """GUI-Libra's action-aware SFT loss. Returns (loss, aux).

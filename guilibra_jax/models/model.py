@@ -80,13 +80,16 @@ class QwenVL(nnx.Module):
     h, _ = self.language_model(h, positions, mask, add, n_ds)
     return h
 
+  def lm_head_weight(self):
+    """The LM head as [V, D] in the compute dtype (tied: the token embedding)."""
+    if self.lm_head is None:
+      return self.language_model.embed_tokens.embedding[...].astype(self.dtype)
+    return self.lm_head.kernel[...].astype(self.dtype).T
+
   def logits_from_hidden(self, h):
     """[..., D] -> float32 logits [..., V]."""
-    if self.lm_head is None:
-      w = self.language_model.embed_tokens.embedding[...].astype(self.dtype)
-      return jnp.einsum("...d,vd->...v", h.astype(self.dtype), w, preferred_element_type=jnp.float32)
-    w = self.lm_head.kernel[...].astype(self.dtype)
-    return jnp.einsum("...d,dv->...v", h.astype(self.dtype), w, preferred_element_type=jnp.float32)
+    return jnp.einsum("...d,vd->...v", h.astype(self.dtype), self.lm_head_weight(),
+                      preferred_element_type=jnp.float32)
 
   def __call__(self, input_ids, positions, segment_ids, pixel_values=None, vision=None):
     """float32 logits [B, T, V]."""

@@ -71,6 +71,7 @@ def base_config() -> mlc.ConfigDict:
         weighting="paper",   # paper: reasoning 1 / action alpha_action / coordinate digits alpha_grounding |
                              # release: x alpha_action inside <answer>, x alpha_grounding from "point_2d": on
     ))
+    c.loss.logits_chunk = 128  # loss positions per row per LM-head chunk (guilibra_jax/head_loss.py)
     c.optim = mlc.ConfigDict(dict(
         lr=1e-5, warmup_steps=0, schedule="cosine", end_lr_fraction=0.0, weight_decay=0.0,
         b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0,
@@ -236,6 +237,7 @@ RULES: dict[str, K.Check] = {
     "loss.alpha_grounding": K.number(0),
     "loss.normalize": K.one_of("sample", "token"),
     "loss.weighting": K.one_of("paper", "release"),
+    "loss.logits_chunk": K.integer(1, note="(loss positions per row per LM-head chunk)"),
     "optim.lr": K.number(0, lo_open=True),
     "optim.warmup_steps": K.integer(0),
     "optim.schedule": K.one_of("cosine", "linear", "constant"),

@@ -10,10 +10,14 @@ from guilibra_jax.models.vision import device_vision_inputs
 
 
 def fake_sft_batch(model_config: M.ModelConfig, *, batch: int = 2, seq_len: int = 64,
-                   image_hw: tuple[int, int] | None = (56, 84), seed: int = 0, left_pad: int = 0) -> dict:
+                   image_hw: tuple[int, int] | None = (56, 84), seed: int = 0, left_pad: int = 0,
+                   loss_fraction: float = 0.5) -> dict:
     """One batch in the train step's format (no micro axis). Each row gets one image of
-    ``image_hw`` pixels (None: text only), then random text whose second half carries
-    loss segments 1-3; the first ``left_pad`` positions of row 0 are padding."""
+    ``image_hw`` pixels (None: text only), then random text whose last ``loss_fraction``
+    (the response; all but its last position) carries loss segments 1-3; the first
+    ``left_pad`` positions of row 0 are padding."""
+    if not 0.0 < loss_fraction < 1.0:
+        raise ValueError(f"loss_fraction={loss_fraction}: expected a fraction in (0, 1)")
     rng = np.random.default_rng(seed)
     vc = model_config.vision
     vocab = model_config.text.vocab_size
@@ -42,7 +46,7 @@ def fake_sft_batch(model_config: M.ModelConfig, *, batch: int = 2, seq_len: int 
             pixels.append(rng.standard_normal((gh * gw, vc.patch_dim)).astype(np.float32))
     targets = np.concatenate([ids[:, 1:], ids[:, :1]], axis=1)
     loss_segments = np.zeros((batch, seq_len), np.int32)
-    half = seq_len // 2
+    half = int(seq_len * (1.0 - loss_fraction))  # seq_len // 2 at 0.5
     loss_segments[:, half:-1] = rng.integers(1, 4, size=(batch, seq_len - half - 1))
     loss_segments[seg == 0] = 0
     grid_arr = np.asarray(grids, np.int64).reshape(-1, 3)

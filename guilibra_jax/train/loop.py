@@ -29,7 +29,7 @@ from guilibra_jax.train.guards import Divergence, Preemption
 from guilibra_jax.train.metrics import Progress, writer_for_run
 from guilibra_jax.train.optimizer import make_optimizer, param_paths, unmatched_patterns
 from guilibra_jax.train.profiler import StepProfiler
-from guilibra_jax.train.sft_step import make_sft_step
+from guilibra_jax.train.sft_step import sft_step_from_config
 from guilibra_jax.train.step_core import init_state
 
 log = logging.getLogger(__name__)
@@ -144,9 +144,7 @@ def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict
     state, state_sh = sharded_state(params, tx, param_sh, mesh)
     del params
 
-    step_fn = make_sft_step(graphdef, tx, alpha_action=config.loss.alpha_action,
-                            alpha_grounding=config.loss.alpha_grounding, normalize=config.loss.normalize,
-                            schedule=schedule, weighting=config.loss.weighting)
+    step_fn = sft_step_from_config(config, graphdef, tx, schedule)
     jit_step = jax.jit(step_fn, in_shardings=(state_sh, None), out_shardings=(state_sh, None), donate_argnums=0)
     if tc.memory_plan:
         from guilibra_jax.train import plan as PLAN

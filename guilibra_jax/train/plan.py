@@ -327,15 +327,13 @@ def _tokenizer(config, workdir: str):
 def _plan_sft(config, mesh, tokenizer, device_memory_gib, hosts):
     from guilibra_jax.train import model_factory
     from guilibra_jax.train.loop import optimizer_from_config, sharded_state
-    from guilibra_jax.train.sft_step import make_sft_step
+    from guilibra_jax.train.sft_step import sft_step_from_config
 
     mc = model_factory.model_config_of(config, tokenizer)
     graphdef, params, param_sh = model_factory.abstract_model(mc, mesh, **model_factory.model_kwargs(config))
     tx, schedule = optimizer_from_config(config, params, config.train.steps)
     state, state_sh = sharded_state(params, tx, param_sh, mesh, materialize=False)
-    step = make_sft_step(graphdef, tx, alpha_action=config.loss.alpha_action,
-                         alpha_grounding=config.loss.alpha_grounding, normalize=config.loss.normalize,
-                         schedule=schedule)
+    step = sft_step_from_config(config, graphdef, tx, schedule)
     jit_step = jax.jit(step, in_shardings=(state_sh, None), out_shardings=(state_sh, None), donate_argnums=0)
     return plan_sft(config, mesh, graphdef, state, state_sh, jit_step, mc, device_memory_gib, hosts)
 

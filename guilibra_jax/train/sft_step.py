@@ -15,34 +15,36 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from guilibra_jax import losses
+from guilibra_jax import head_loss, losses
 from guilibra_jax.train.step_core import make_step
 
 PARTS = {"reasoning": 1, "action": 2, "grounding": 3}
 MODEL_INPUTS = ("input_ids", "positions", "segment_ids", "pixel_values", "vision")
 
 
-def model_logits(graphdef: nnx.GraphDef, params: Any, batch: dict) -> jax.Array:
-    """Logits [B, T, V] of the model ``graphdef`` with ``params`` on one micro-batch."""
-    model = nnx.merge(graphdef, params)
-    return model(batch["input_ids"], batch["positions"], batch["segment_ids"],
-                 batch.get("pixel_values"), batch.get("vision"))
-
-
 def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, alpha_action: float = 2.0,
                   alpha_grounding: float = 4.0, normalize: str = "sample",
                   schedule: Callable[[Any], Any] | None = None,
+                  logits_chunk: int = 128,
                   weighting: str = "paper") -> Callable[[dict, dict], tuple[dict, dict]]:
     """Build the (unjitted) ASFT step for ``graphdef``; jit it with shardings.
-    ``weighting``: "paper" or "release" (``losses.segment_weights``)."""
+    ``weighting``: "paper" or "release" (``losses.segment_weights``).
+
+    The LM head and the cross-entropy run only at the loss positions (loss_segments > 0),
+    ``logits_chunk`` positions per row at a time (guilibra_jax.head_loss): no [B, T, V]
+    logits, and head FLOPs in proportion to the loss positions rather than to T."""
 
     def micro_terms(params, micro):
-        logits = model_logits(graphdef, params, micro)
-        num, den = losses.asft_loss_terms(logits, micro["targets"], micro["loss_segments"],
-                                          alpha_action=alpha_action, alpha_grounding=alpha_grounding,
-                                          normalize=normalize, weighting=weighting)
-        nll = jax.lax.stop_gradient(losses.token_nll(logits, micro["targets"]))
-        seg = losses.segment_part(micro["loss_segments"])
+        model = nnx.merge(graphdef, params)
+        h = model.hidden_states(micro["input_ids"], micro["positions"], micro["segment_ids"],
+                                micro.get("pixel_values"), micro.get("vision"))
+        loss_segments = micro["loss_segments"]
+        coef, den = losses.asft_token_coefficients(loss_segments, alpha_action=alpha_action,
+                                                   alpha_grounding=alpha_grounding, normalize=normalize,
+                                                   weighting=weighting)
+        num, nll = head_loss.head_nll(h, model.lm_head_weight(), micro["targets"], coef, loss_segments > 0,
+                                      chunk=logits_chunk)
+        seg = losses.segment_part(loss_segments)
         parts = {}
         for name, sid in PARTS.items():
             on = seg == sid
@@ -61,3 +63,14 @@ def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, a
         return new_state, metrics
 
     return step
+
+
+def sft_step_from_config(config, graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+                         schedule: Callable[[Any], Any] | None = None) -> Callable[[dict, dict], tuple[dict, dict]]:
+    """`make_sft_step` with the run config's loss keys (loss.*): the one builder of the
+    trainer (train.loop) and the memory planner (train.plan), so a plan compiles the step
+    the trainer runs."""
+    lc = config.loss
+    return make_sft_step(graphdef, tx, alpha_action=lc.alpha_action, alpha_grounding=lc.alpha_grounding,
+                         normalize=lc.normalize, schedule=schedule, logits_chunk=lc.logits_chunk,
+                         weighting=lc.weighting)

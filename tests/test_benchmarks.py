@@ -1,0 +1,105 @@
+"""Smoke runs of the benchmarks on the tiny model, so that they cannot rot: each runs end to
+end, writes its results JSON (machine, versions, commit, load) and checks what it claims to
+(loss / gradient-norm parity with transformers, greedy token agreement, the GPU check's phases)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+torch = pytest.importorskip("torch", reason="the benchmarks compare against transformers + torch")
+pytest.importorskip("transformers")
+
+
+def _provenance(res):
+    assert res["machine"]["cpu_cores"] >= 1 and res["machine"]["slug"]
+    assert res["versions"]["jax"] and res["versions"]["torch"]
+    assert "commit" in res["git"] and isinstance(res["loaded"], bool)
+
+
+def test_step_benchmark_interleaves_sides_with_parity_and_writes_results(tmp_path):
+    from benchmarks import step
+
+    res = step.main(["--model=tiny", "--seq=64", "--image=56", "--steps=1", "--mesh=1,1,1",
+                     "--no-torch_compile", f"--out_dir={tmp_path}", "--loaded"])
+    files = list(tmp_path.glob("step-tiny-float32-*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["sides"].keys() == {"jax", "torch_eager"}
+    _provenance(res)
+    assert res["loaded"] is True
+    assert res["parity"]["ok"], res["parity"]
+    assert abs(res["batch"]["loss_fraction"] - 1 / 3) < 0.05
+    # the JAX side computes the head at fewer positions than transformers (its full logits)
+    assert res["batch"]["loss_positions"] <= res["batch"]["head_positions_jax"] < 64 * 2
+    assert res["executed_flops_jax"] < res["executed_flops_torch"]
+    for side in ("jax", "torch_eager"):
+        s = res["sides"][side]
+        assert len(s["step_times_s"]) == 1 and s["tokens_per_s"] > 0 and len(s["losses"]) == 2
+    assert res["sides"]["torch_eager"]["attn_implementation"] == "sdpa"
+    assert res["sides"]["torch_eager"]["threads"] == os.cpu_count()
+    assert res["sides"]["jax"]["host_prep_s"] > 0 and "jax_vs_torch_eager" in res["speedup"]
+
+
+def test_sampler_benchmark_agrees_with_generate_and_writes_results(tmp_path):
+    from benchmarks import sampler
+
+    res = sampler.main(["--model=tiny", "--states=1", "--group=2", "--prompt_len=24", "--max_new_tokens=4",
+                        "--iters=1", "--mesh=1,1,1", f"--out_dir={tmp_path}"])
+    assert len(list(tmp_path.glob("sampler-tiny-float32-*.json"))) == 1
+    _provenance(res)
+    assert res["torch_eager_agreement"]["token_agreement"] == 1.0
+    assert res["jax_tokens_per_s"] > 0 and res["torch_eager_tokens_per_s"] > 0
+    assert res["jax_host_prep_s"] > 0 and res["torch_eager_host_prep_s"] > 0
+    assert res["attn_implementation"] == {"torch_eager": "sdpa"}
+    assert res["decode_flops"] > 0 and res["decode_bound"]
+
+
+def _gpu_check(tmp_path, *flags):
+    proc = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu_check.sh"), "--tiny",
+                           f"--out_dir={tmp_path}", "--steps=1", *flags],
+                          capture_output=True, text=True, timeout=1800, env={**os.environ, "PYTHON": sys.executable})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    files = list(tmp_path.glob("gpu_check-tiny-*.json"))
+    assert len(files) == 1
+    res = json.loads(files[0].read_text())
+    _provenance(res)
+    assert res["parity"]["ok"], res["parity"]
+    assert res["asft_step"]["tokens_per_s"] > 0 and res["asft_step"]["model_flops"] > 0
+    assert res["sampler"]["tokens_per_s"] > 0
+    return res
+
+
+def test_gpu_check_runs_end_to_end_with_tiny(tmp_path):
+    """benchmarks/gpu_check.sh as a user runs it, on the tiny model (CPU): parity, the ASFT step
+    at a given depth and the sampler (the slow test below adds the layer fit)."""
+    res = _gpu_check(tmp_path, "--layers=2")
+    assert res["asft_step"]["fit"] == {"layers": 2} and res["asft_step"]["layers"] == 2
+
+
+@pytest.mark.slow
+def test_gpu_check_fits_the_layers_to_the_memory_limit(tmp_path):
+    """The fit: compiled step bytes at 2 and 4 layers, extrapolated to a pretend limit (CPUs report none)."""
+    res = _gpu_check(tmp_path, "--memory_limit_gb=0.05")
+    fit = res["asft_step"]["fit"]
+    assert fit["bytes_at_4_layers"] > fit["bytes_at_2_layers"] and 1 <= fit["layers"] <= 4
+    assert fit["bytes_predicted"] <= 0.85 * fit["memory_limit_bytes"] or fit["layers"] == 1
+    assert res["asft_step"]["layers"] == fit["layers"]
+
+
+def test_nominal_peaks_match_device_kinds():
+    from benchmarks._common import nominal_peak
+
+    assert nominal_peak("NVIDIA H100 80GB HBM3") == 989e12
+    assert nominal_peak("NVIDIA H100 PCIe") == 756e12
+    assert nominal_peak("NVIDIA H200") == 989e12 and nominal_peak("NVIDIA A100-SXM4-80GB") == 312e12
+    assert nominal_peak("cpu") is None
+
+
+@pytest.mark.slow
+def test_step_benchmark_with_torch_compile(tmp_path):
+    """The torch.compile side (minutes of compilation on a CPU; the eager smoke test covers the rest)."""
+    from benchmarks import step
+
+    res = step.main(["--model=tiny", "--seq=64", "--image=56", "--steps=1", "--mesh=1,1,1", f"--out_dir={tmp_path}"])
+    assert res["parity"]["torch_compile"]["ok"] and res["sides"]["torch_compile"]["torch_compile"]
