@@ -331,6 +331,9 @@ RULES: dict[str, K.Check] = {
 }
 
 _fail = K.fail
+# Folders that may not exist yet when a recipe is planned (launch.plan): recipes that start
+# from an earlier run's export are planned before that run.
+PLANNED_PATHS = ("model.hf_path", "tokenizer.path", "data.image_root")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -513,6 +516,8 @@ def validate(c: mlc.ConfigDict, device_count: int | None = None, process_count: 
     checked where the model is built (``loop.optimizer_from_config``)."""
     for key, value in _walk(c):
         rule = RULES.get(key)
+        if planning and key in PLANNED_PATHS and isinstance(value, str):
+            continue   # an earlier stage's output, planned before that stage has run
         if rule is not None:
             rule(key, value.to_dict() if isinstance(value, mlc.ConfigDict) else value)
     known = Known(device_count, process_count, planning)
