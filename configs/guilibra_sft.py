@@ -74,9 +74,9 @@ def get_config(arg="qwen2_5_vl_3b"):
     c.data.max_length = 24576
     c.data.seq_buckets = (4096, 8192, 16384, 24576)
     c.data.min_pixels, c.data.max_pixels = RELEASE_PIXELS
-    c.data.batch_size = 256       # per process: one 8-GPU host as the release; on N hosts use 256 / N
+    c.data.batch_size = 32        # rows per micro-batch over all processes: 4 per GPU on 8 GPUs
     c.data.workers = 8
-    c.train.grad_accum = 8        # 32-row micro-batches: 4 per GPU on 8 GPUs, as the release
+    c.train.grad_accum = 8        # x 8 micro-batches = the release's global batch of 256 per step
     if variant == "paper":
         c.loss.alpha_action, c.loss.alpha_grounding = 2.0, 4.0
         c.loss.normalize, c.loss.weighting = "sample", "paper"

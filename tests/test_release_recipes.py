@@ -20,7 +20,7 @@ def _valid(c, tmp_path):
 def test_guilibra_sft_release_and_paper(name, tmp_path):
     c = _valid(guilibra_sft.get_config(name), tmp_path)
     assert (c.optim.lr, c.optim.schedule, c.optim.weight_decay, c.data.mix) == (1e-5, "cosine", 0.0, "both")
-    assert c.data.batch_size == 256 and (c.data.min_pixels, c.data.max_pixels) == (3136, 5720064)
+    assert c.data.batch_size * c.train.grad_accum == 256 and (c.data.min_pixels, c.data.max_pixels) == (3136, 5720064)
     if name.startswith("qwen2_5"):   # use_action_weight=True, action_weight=2
         assert (c.loss.weighting, c.loss.normalize, c.loss.alpha_action, c.loss.alpha_grounding) == (
             "release", "token", 2.0, 4.0)

@@ -124,7 +124,13 @@ def image_inputs(config, model_config, rows: int, processes: int = 1) -> tuple[n
     vision = device_vision_inputs(prepare_vision_inputs(np.array([grid] * images), model_config, num_patches=total,
                                                         num_slots=images, slot_bucket=bucket))
     dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size * vc.patch_size
-    return np.zeros((total, dim), np.float32), vision
+    return zeros_view((total, dim), np.float32), vision
+
+
+def zeros_view(shape, dtype) -> np.ndarray:
+    """A read-only zero array of ``shape`` that allocates nothing (only shapes are planned:
+    a real recipe's pixel batch is tens of GB)."""
+    return np.broadcast_to(np.zeros((), dtype), tuple(shape))
 
 
 def _struct_like(x, dtype=None):
@@ -196,7 +202,7 @@ def plan_sft(config, mesh, graphdef, state, state_sh, step_jit, model_config, de
     pv, vision = image_inputs(config, model_config, rows, processes)
     i32 = np.zeros((M, rows, T), np.int32)
     host = {"input_ids": i32, "targets": i32, "loss_segments": i32, "segment_ids": i32,
-            "positions": np.zeros((M, 3, rows, T), np.int32), "pixel_values": np.stack([pv] * M),
+            "positions": np.zeros((M, 3, rows, T), np.int32), "pixel_values": zeros_view((M,) + pv.shape, pv.dtype),
             "vision": {k: np.stack([v] * M) for k, v in vision.items()}}
     abs_state = abstract(state, state_sh)
     compiled = step_jit.lower(abs_state, batch_struct(mesh, host, micro_axis=True)).compile()
@@ -242,7 +248,7 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     host = {"input_ids": i32, "segment_ids": i32, "positions": np.zeros((M, 3, micro_rows, T), np.int32),
             "response_mask": i32, "old_logp": f32, "ref_logp": f32,
             "advantages": np.zeros((M, micro_rows), np.float32), "kl_mask": np.zeros((M, micro_rows), np.float32),
-            "pixel_values": np.stack([pv] * M), "vision": {k: np.stack([v] * M) for k, v in vision.items()}}
+            "pixel_values": zeros_view((M,) + pv.shape, pv.dtype), "vision": {k: np.stack([v] * M) for k, v in vision.items()}}
     st = compiled_stats(s.update_fn.lower(abs_state, batch_struct(mesh, host, micro_axis=True)).compile())
     st["resident_args"] = per_device_bytes(abs_state)
     st["gradients_estimate"] = resident["policy_params"]
