@@ -11,4 +11,5 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 @pytest.fixture(scope="session")
 def compile_cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("jax_compile_cache"))
+    """The session's cache (tests/conftest.py sets JAX_COMPILATION_CACHE_DIR)."""
+    return os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(tmp_path_factory.mktemp("jax_compile_cache"))
