@@ -67,7 +67,22 @@ def compiled_stats(compiled) -> dict[str, int]:
         return {}
     keys = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
             "generated_code_size_in_bytes")
-    return {k.replace("_size_in_bytes", ""): int(getattr(m, k, 0) or 0) for k in keys}
+    out = {k.replace("_size_in_bytes", ""): int(getattr(m, k, 0) or 0) for k in keys}
+    out.update(compiled_cost(compiled))
+    return out
+
+
+def compiled_cost(compiled) -> dict[str, int]:
+    """Per-device FLOPs and HBM bytes of a compiled program (XLA's cost analysis; a while
+    loop's body, e.g. the sampler's decode step, counts once)."""
+    try:
+        c = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001  (backends without a cost model)
+        return {}
+    c = c[0] if isinstance(c, (list, tuple)) else c
+    if not c:
+        return {}
+    return {"flops": int(c.get("flops", 0) or 0), "bytes_accessed": int(c.get("bytes accessed", 0) or 0)}
 
 
 # ----------------------------------------------------------------------------- shapes
@@ -125,6 +140,11 @@ def image_inputs(config, model_config, rows: int, processes: int = 1) -> tuple[n
                                                         num_slots=images, slot_bucket=bucket))
     dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size * vc.patch_size
     return np.zeros((total, dim), np.float32), vision
+
+
+def _repeat(x, m: int) -> np.ndarray:
+    """[m, *x.shape] view of ``x`` (shapes only: a real-size step's pixels would not fit in RAM)."""
+    return np.broadcast_to(x, (m, *np.shape(x)))
 
 
 def _struct_like(x, dtype=None):
@@ -196,8 +216,8 @@ def plan_sft(config, mesh, graphdef, state, state_sh, step_jit, model_config, de
     pv, vision = image_inputs(config, model_config, rows, processes)
     i32 = np.zeros((M, rows, T), np.int32)
     host = {"input_ids": i32, "targets": i32, "loss_segments": i32, "segment_ids": i32,
-            "positions": np.zeros((M, 3, rows, T), np.int32), "pixel_values": np.stack([pv] * M),
-            "vision": {k: np.stack([v] * M) for k, v in vision.items()}}
+            "positions": np.zeros((M, 3, rows, T), np.int32), "pixel_values": _repeat(pv, M),
+            "vision": {k: _repeat(v, M) for k, v in vision.items()}}
     abs_state = abstract(state, state_sh)
     compiled = step_jit.lower(abs_state, batch_struct(mesh, host, micro_axis=True)).compile()
     st = compiled_stats(compiled)
@@ -240,7 +260,7 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     host = {"input_ids": i32, "segment_ids": i32, "positions": np.zeros((M, 3, micro_rows, T), np.int32),
             "response_mask": i32, "old_logp": f32, "ref_logp": f32,
             "advantages": np.zeros((M, micro_rows), np.float32), "kl_mask": np.zeros((M, micro_rows), np.float32),
-            "pixel_values": np.stack([pv] * M), "vision": {k: np.stack([v] * M) for k, v in vision.items()}}
+            "pixel_values": _repeat(pv, M), "vision": {k: _repeat(v, M) for k, v in vision.items()}}
     st = compiled_stats(s.update_fn.lower(abs_state, batch_struct(mesh, host, micro_axis=True)).compile())
     st["resident_args"] = per_device_bytes(abs_state)
     st["gradients_estimate"] = resident["policy_params"]
@@ -290,11 +310,15 @@ def kv_cache_bytes(model_config, rows: int, slots: int, dtype: str, mesh) -> int
 
 # ----------------------------------------------------------------------------- a recipe
 def plan_config(config, devices: int, hosts: int = 1, device_memory_gib: float | None = 80.0,
-                workdir: str = "") -> dict:
+                workdir: str = "", topology=None) -> dict:
     """The memory plan of ``config`` on ``devices`` devices (this process's, fake on a CPU)
-    over ``hosts`` processes; the programs are compiled, nothing is allocated."""
+    over ``hosts`` processes; the programs are compiled, nothing is allocated. With
+    ``topology`` (a :class:`tpu_topology.Topology`), compiled by the TPU compiler for that
+    slice's devices instead, with a roofline estimate of the step (:func:`tpu_estimate`)."""
     from guilibra_jax.errors import ConfigError
 
+    if topology is not None:
+        return _plan_topology(config, topology, hosts, device_memory_gib, workdir)
     if jax.device_count() != devices:
         raise ConfigError(f"--devices={devices} but this process has {jax.device_count()} devices: XLA_FLAGS was set "
                           f"before launch.plan started; unset it")
@@ -311,6 +335,75 @@ def plan_config(config, devices: int, hosts: int = 1, device_memory_gib: float |
     from guilibra_jax.train import rl_loop
     s, state, state_sh = rl_loop.setup(config, mesh, tokenizer, materialize=False)
     return plan_stage2(s, state, state_sh, device_memory_gib, processes=hosts)
+
+
+def _plan_topology(config, topo, hosts, device_memory_gib, workdir) -> dict:
+    from guilibra_jax.errors import ConfigError
+    from guilibra_jax.train import model_factory
+
+    hosts = hosts or topo.hosts
+    if config.data.batch_size % hosts:
+        raise ConfigError(f"config key data.batch_size = {config.data.batch_size} is invalid: expected a multiple of "
+                          f"the {hosts} hosts of {topo.name}")
+    try:
+        mesh = S.make_mesh(dict(config.mesh), devices=topo.devices)
+    except ValueError as e:
+        raise ConfigError(f"config key mesh = {dict(config.mesh)} is invalid for the {len(topo.devices)} devices of "
+                          f"{topo.name}: {e}") from None
+    memory = device_memory_gib or topo.device_memory_gib
+    tokenizer = _tokenizer(config, workdir)
+    if config.method == "sft":
+        report = _plan_sft(config, mesh, tokenizer, memory, hosts)
+    else:
+        from guilibra_jax.train import rl_loop
+        s, state, state_sh = rl_loop.setup(config, mesh, tokenizer, materialize=False)
+        report = plan_stage2(s, state, state_sh, memory, processes=hosts)
+    mc = model_factory.model_config_of(config, tokenizer)
+    report["tpu"] = tpu_estimate(config, mc, report, topo)
+    return report
+
+
+def tpu_estimate(config, model_config, report: dict, topo) -> dict:
+    """The slice, the chip's published figures and a roofline lower bound of each program's
+    time (per device: max(FLOPs / peak, HBM bytes / bandwidth), from the TPU compiler's cost
+    analysis), an optimizer step's (ASFT) or an RL round's time, and the MFU that bound allows
+    (model FLOPs 6N per token + attention over the slice's peak). The sampler's decode loop
+    counts once in the cost analysis; its other steps are added as memory-bound reads of the
+    policy's parameters and the KV cache."""
+    from guilibra_jax.models.model import param_count
+    from guilibra_jax.train import tpu_topology as TT
+
+    progs = {name: TT.roofline(st.get("flops", 0), st.get("bytes_accessed", 0), topo)
+             for name, st in report["programs"].items()}
+    n = param_count(model_config)
+    t = model_config.text
+    sh = report["shapes"]
+    peak = topo.device_peak_flops * len(topo.devices)
+    if "asft_step" in progs:
+        tokens = sh["micro_batches"] * sh["rows"] * sh["tokens"]
+        model_flops = TT.model_flops_per_token(n, t.num_layers, t.hidden_size, sh["tokens"]) * tokens
+        step = progs["asft_step"]["time_s"]
+        what = "asft optimizer step"
+    else:
+        rl = config.rl
+        samp = report["programs"]["sampler"]
+        decode_bytes = report["per_device_gib"]["policy_params"] * GIB + samp.get("kv_cache_estimate", 0)
+        progs["sampler"]["decode_steps_s"] = (sh["response_tokens"] - 1) * decode_bytes / topo.device_hbm_bytes_per_s
+        progs["sampler"]["time_s"] += progs["sampler"]["decode_steps_s"]
+        updates = rl.minibatches * rl.ppo_epochs
+        step = sum(p["time_s"] for k, p in progs.items() if k != "update") + updates * progs["update"]["time_s"]
+        T = sh["prompt_tokens"] + sh["response_tokens"]
+        upd_tokens = sh["update_rows"] * T
+        model_flops = (TT.model_flops_per_token(n, t.num_layers, t.hidden_size, T) * upd_tokens * rl.ppo_epochs
+                       + TT.model_flops_per_token(n, t.num_layers, t.hidden_size, T, train=False)
+                       * sh["generation_rows"] * T * (len([k for k in progs if k.startswith("score_")]) + 1))
+        what = "rl round (sampler + scoring + updates)"
+    return {"topology": topo.name, "chips": topo.chips, "devices": len(topo.devices), "hosts": topo.hosts,
+            "chip": {"kind": topo.chip.kind, "peak_bf16_tflops": topo.chip.peak_bf16_flops / 1e12,
+                     "hbm_gib": topo.chip.hbm_gib, "hbm_gb_per_s": topo.chip.hbm_bytes_per_s / 1e9},
+            "params": n, "roofline": progs, "step": what, "step_time_s": step,
+            "model_tflops_per_step": model_flops / 1e12,
+            "mfu_bound": model_flops / (peak * step) if step else None}
 
 
 def _tokenizer(config, workdir: str):
@@ -348,6 +441,8 @@ def format_report(report: dict) -> str:
     usable = report["usable_gib"]
     lines.append(f"  {'peak (' + str(report['peak_program']) + ')':<44} {report['peak_gib']:10.3f}"
                  + (f"  of {usable:.2f} usable" if usable else ""))
+    if report.get("tpu"):
+        lines += tpu_lines(report["tpu"])
     if report["fits"] is None:
         lines.append("fits: unknown (no device memory given)")
     elif report["fits"]:
@@ -355,6 +450,18 @@ def format_report(report: dict) -> str:
     else:
         lines.append(f"fits: NO: {report['overflow']} overflows; {report['suggestion']}")
     return "\n".join(lines)
+
+
+def tpu_lines(est: dict) -> list[str]:
+    c = est["chip"]
+    lines = [f"TPU {est['topology']}: {est['chips']} chips ({c['kind']}: {c['peak_bf16_tflops']:.0f} TFLOP/s bf16, "
+             f"{c['hbm_gib']:.0f} GB HBM at {c['hbm_gb_per_s']:.0f} GB/s), {est['hosts']} host(s); roofline per device:"]
+    for name, r in est["roofline"].items():
+        lines.append(f"  {name:<44} {r['time_s']:10.3f} s ({r['bound']}-bound)")
+    mfu = est["mfu_bound"]
+    lines.append(f"  {est['step']}: >= {est['step_time_s']:.2f} s, {est['model_tflops_per_step']:.0f} model TFLOPs, "
+                 f"MFU <= {100 * mfu:.0f}%" if mfu else f"  {est['step']}: unknown")
+    return lines
 
 
 def dry_run_summary(config) -> str:
