@@ -39,9 +39,10 @@ prints the per-device memory.
 TPU variants (``SIZE_v5p``; ``launch.plan`` compiles them with the TPU compiler, libtpu needed):
 ``qwen2_5_vl_3b_v5p`` on a TPU v5p-8 (2x2x1, 4 chips),
 ``qwen2_5_vl_7b_v5p`` on a TPU v5p-16 (2x2x2, 8 chips):
-the weights sharded over every chip (mesh.fsdp), one row of up to 24,576 tokens
-per chip per micro-batch, and 256 rows per optimizer step as the release (data.batch_size = chips,
-train.grad_accum = 256 / chips).
+tensor parallelism over the 4 chips of a TPU VM (mesh.tensor = 4: the vocabulary's logits and
+the attention heads split), FSDP over the VMs (mesh.fsdp = chips / 4), one row of up to 24,576
+tokens per FSDP group per micro-batch, and 256 rows per optimizer step as the release
+(data.batch_size = chips / 4, train.grad_accum = 256 / data.batch_size).
 """
 
 from guilibra_jax.train.config import H100_1x8, V5P_2x2x1, V5P_2x2x2, base_config, hardware
@@ -113,7 +114,7 @@ def get_config(arg="qwen2_5_vl_3b"):
     c.train.log_every = 10
     c.train.checkpoint_every = 100
     if tpu_slice:
-        on_tpu_slice(c, tpu_slice, step_rows=256)
+        on_tpu_slice(c, tpu_slice, step_rows=256, tensor=4)
     return c
 
 

@@ -23,8 +23,10 @@ response slots.
 from __future__ import annotations
 
 import math
+import re
 import tempfile
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -69,7 +71,42 @@ def compiled_stats(compiled) -> dict[str, int]:
             "generated_code_size_in_bytes")
     out = {k.replace("_size_in_bytes", ""): int(getattr(m, k, 0) or 0) for k in keys}
     out.update(compiled_cost(compiled))
+    if isinstance(compiled, _Refused):
+        out["refused_by_compiler"] = compiled.message
     return out
+
+
+_OOM = re.compile(r"RESOURCE_EXHAUSTED: Ran out of memory[^\n]*?required for ([^(]+?) \(([\d.]+)([KMGT])\) exceeds "
+                  r"available HBM \(([\d.]+)([KMGT])\)")
+
+
+class _Refused(NamedTuple):
+    """A program the TPU compiler refused for lack of memory (it checks HBM at compile time):
+    its memory analysis is the compiler's own requirement, as temporaries."""
+    what: str
+    required: int
+    available: int
+    message: str
+
+    def memory_analysis(self):
+        return SimpleNamespace(temp_size_in_bytes=self.required)
+
+    def cost_analysis(self):
+        return {}
+
+
+def compile_program(lowered):
+    """``lowered.compile()``; a program that the TPU compiler refuses for lack of HBM comes
+    back as a stand-in whose memory analysis is the requirement the compiler reported."""
+    try:
+        return lowered.compile()
+    except Exception as e:  # noqa: BLE001  (jax's XlaRuntimeError; anything else re-raised)
+        m = _OOM.search(str(e))
+        if not m:
+            raise
+        unit = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+        return _Refused(m.group(1).strip(), int(float(m.group(2)) * unit[m.group(3)]),
+                        int(float(m.group(4)) * unit[m.group(5)]), str(e).splitlines()[0][:300])
 
 
 def compiled_cost(compiled) -> dict[str, int]:
@@ -219,7 +256,7 @@ def plan_sft(config, mesh, graphdef, state, state_sh, step_jit, model_config, de
             "positions": np.zeros((M, 3, rows, T), np.int32), "pixel_values": _repeat(pv, M),
             "vision": {k: _repeat(v, M) for k, v in vision.items()}}
     abs_state = abstract(state, state_sh)
-    compiled = step_jit.lower(abs_state, batch_struct(mesh, host, micro_axis=True)).compile()
+    compiled = compile_program(step_jit.lower(abs_state, batch_struct(mesh, host, micro_axis=True)))
     st = compiled_stats(compiled)
     params_b = per_device_bytes(abs_state["params"])
     opt_b = per_device_bytes(abs_state["opt_state"])
@@ -261,7 +298,7 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
             "response_mask": i32, "old_logp": f32, "ref_logp": f32,
             "advantages": np.zeros((M, micro_rows), np.float32), "kl_mask": np.zeros((M, micro_rows), np.float32),
             "pixel_values": _repeat(pv, M), "vision": {k: _repeat(v, M) for k, v in vision.items()}}
-    st = compiled_stats(s.update_fn.lower(abs_state, batch_struct(mesh, host, micro_axis=True)).compile())
+    st = compiled_stats(compile_program(s.update_fn.lower(abs_state, batch_struct(mesh, host, micro_axis=True))))
     st["resident_args"] = per_device_bytes(abs_state)
     st["gradients_estimate"] = resident["policy_params"]
     programs["update"] = st
@@ -273,9 +310,9 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
               "pixel_values": pv, "vision": vision}
     b = batch_struct(mesh, prompt, micro_axis=False)
     key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=S.replicated(mesh))
-    compiled = G._generate_jit.lower(s.graphdef, abs_state["params"], b["prompt_ids"], b["prompt_mask"],
-                                     b["positions"], b["rope_deltas"], b["pixel_values"], b["vision"], key,
-                                     s.sampling).compile()
+    compiled = compile_program(G._generate_jit.lower(s.graphdef, abs_state["params"], b["prompt_ids"],
+                                                     b["prompt_mask"], b["positions"], b["rope_deltas"],
+                                                     b["pixel_values"], b["vision"], key, s.sampling))
     st = compiled_stats(compiled)
     st["resident_args"] = resident["policy_params"]
     st["kv_cache_estimate"] = kv_cache_bytes(mc, gen_rows, T - 1, config.model.dtype, mesh)
@@ -288,9 +325,10 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     b = batch_struct(mesh, seq, micro_axis=False)
     for name, gd, params in [("policy", s.graphdef, abs_state["params"])] + [
             (n, f.graphdef, abstract(f.params)) for n, f in s.frozen.items()]:
-        compiled = G.score.lower(gd, params, b["input_ids"], b["positions"], b["segment_ids"], b["pixel_values"],
-                                 b["vision"], b["response_mask"], temperature=float(rl.temperature),
-                                 chunk_size=s.chunk, banned_token_ids=s.banned).compile()
+        compiled = compile_program(G.score.lower(gd, params, b["input_ids"], b["positions"], b["segment_ids"],
+                                                 b["pixel_values"], b["vision"], b["response_mask"],
+                                                 temperature=float(rl.temperature), chunk_size=s.chunk,
+                                                 banned_token_ids=s.banned))
         st = compiled_stats(compiled)
         st["resident_args"] = per_device_bytes(params)
         programs[f"score_{name}"] = st
@@ -435,6 +473,8 @@ def format_report(report: dict) -> str:
     for k, v in report["per_device_gib"].items():
         lines.append(f"  {k:<44} {v:10.3f}")
     for name, st in report["programs"].items():
+        if st.get("refused_by_compiler"):
+            lines.append(f"  ({name}: the TPU compiler refused it: {st['refused_by_compiler']})")
         extra = {k: round(v / 2**30, 3) for k, v in st.items() if k.endswith("_estimate")}
         if extra:
             lines.append(f"  ({name}: {', '.join(f'{k[:-9]} ~{v} GiB' for k, v in extra.items())} of its temporaries)")

@@ -51,3 +51,24 @@ def test_launch_plan_rejects_an_unknown_slice_in_one_line():
                           "--topology=v9:2x2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "v9:2x2" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_program_the_tpu_compiler_refuses_is_planned_as_not_fitting():
+    """The TPU compiler checks HBM itself and raises; the plan keeps its figure (message as
+    libtpu 0.0.42 words it) and says the program does not fit."""
+    from guilibra_jax.train import plan as PLAN
+
+    class Lowered:
+        def compile(self):
+            raise RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+                               "temporaries (333.12G) exceeds available HBM (95.74G).")
+
+    st = PLAN.compiled_stats(PLAN.compile_program(Lowered()))
+    assert st["temp"] == int(333.12 * 2 ** 30) and st["argument"] == 0 and "333.12G" in st["refused_by_compiler"]
+
+    class Broken:
+        def compile(self):
+            raise RuntimeError("INTERNAL: something else")
+
+    with pytest.raises(RuntimeError, match="something else"):
+        PLAN.compile_program(Broken())
