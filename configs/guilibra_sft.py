@@ -40,9 +40,12 @@ TPU variants (``SIZE_v5p``; ``launch.plan`` compiles them with the TPU compiler,
 ``qwen2_5_vl_3b_v5p`` on a TPU v5p-8 (2x2x1, 4 chips),
 ``qwen2_5_vl_7b_v5p`` on a TPU v5p-16 (2x2x2, 8 chips):
 tensor parallelism over the 4 chips of a TPU VM (mesh.tensor = 4: the vocabulary's logits and
-the attention heads split), FSDP over the VMs (mesh.fsdp = chips / 4), one row of up to 24,576
-tokens per FSDP group per micro-batch, and 256 rows per optimizer step as the release
-(data.batch_size = chips / 4, train.grad_accum = 256 / data.batch_size).
+the attention heads split), FSDP over the VMs (mesh.fsdp = chips / 4), one row per FSDP group
+per micro-batch (data.batch_size = mesh.fsdp: each VM draws its own rows), and 256 rows per
+optimizer step as the release (train.grad_accum = 256 / data.batch_size). At the release's
+24,576-token limit with a 5.7-megapixel image per row they do NOT fit (the TPU compiler asks
+for 120 GB of temporaries per v5p chip for 3B: the text decoder's dense attention scores over
+24,576 tokens); with data.max_length = 8,192 3B fits a v5p-8 (see NOTES-tpu.md).
 """
 
 from guilibra_jax.train.config import H100_1x8, V5P_2x2x1, V5P_2x2x2, base_config, hardware
@@ -55,9 +58,9 @@ RECIPES = {
     "qwen3_vl_8b": ("qwen3_vl", 8, 1),
 }
 # TPU variants: name -> (size, slice); see the module docstring
-TPU_VARIANTS = {
-    "qwen2_5_vl_3b_v5p": ("qwen2_5_vl_3b", V5P_2x2x1),
-    "qwen2_5_vl_7b_v5p": ("qwen2_5_vl_7b", V5P_2x2x2),
+TPU_VARIANTS = {   # name: (size, slice, mesh.tensor)
+    "qwen2_5_vl_3b_v5p": ("qwen2_5_vl_3b", V5P_2x2x1, 4),
+    "qwen2_5_vl_7b_v5p": ("qwen2_5_vl_7b", V5P_2x2x2, 4),
 }
 ARGS = ("qwen2_5_vl_3b", "qwen2_5_vl_7b", "qwen3_vl_4b", "qwen3_vl_8b", "qwen2_5_vl_3b_v5p", "qwen2_5_vl_7b_v5p")
 STEPS = 636                       # one epoch: ~81K steps x 2 samples (1:1 mix) / 256 per step
@@ -75,7 +78,7 @@ def parse_arg(arg):
 
 def get_config(arg="qwen2_5_vl_3b"):
     name, variant = parse_arg(arg)
-    name, tpu_slice = TPU_VARIANTS.get(name, (name, None))
+    name, tpu_slice, tpu_tensor = TPU_VARIANTS.get(name, (name, None, 1))
     family, fsdp, tensor = RECIPES[name]
     c = base_config()
     c.model.name = name           # real sizes; set model.hf_path to load the checkpoint's weights
@@ -114,7 +117,7 @@ def get_config(arg="qwen2_5_vl_3b"):
     c.train.log_every = 10
     c.train.checkpoint_every = 100
     if tpu_slice:
-        on_tpu_slice(c, tpu_slice, step_rows=256, tensor=4)
+        on_tpu_slice(c, tpu_slice, step_rows=256, tensor=tpu_tensor)
     return c
 
 

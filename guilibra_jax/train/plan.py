@@ -87,17 +87,19 @@ class _Refused(NamedTuple):
     required: int
     available: int
     message: str
+    arguments: int = 0     # per-device bytes of its inputs (from their shardings)
 
     def memory_analysis(self):
-        return SimpleNamespace(temp_size_in_bytes=self.required)
+        return SimpleNamespace(temp_size_in_bytes=self.required, argument_size_in_bytes=self.arguments)
 
     def cost_analysis(self):
         return {}
 
 
-def compile_program(lowered):
+def compile_program(lowered, args=()):
     """``lowered.compile()``; a program that the TPU compiler refuses for lack of HBM comes
-    back as a stand-in whose memory analysis is the requirement the compiler reported."""
+    back as a stand-in whose memory analysis is the requirement the compiler reported (and
+    ``args``' per-device bytes as its inputs)."""
     try:
         return lowered.compile()
     except Exception as e:  # noqa: BLE001  (jax's XlaRuntimeError; anything else re-raised)
@@ -106,7 +108,8 @@ def compile_program(lowered):
             raise
         unit = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
         return _Refused(m.group(1).strip(), int(float(m.group(2)) * unit[m.group(3)]),
-                        int(float(m.group(4)) * unit[m.group(5)]), str(e).splitlines()[0][:300])
+                        int(float(m.group(4)) * unit[m.group(5)]), str(e).splitlines()[0][:300],
+                        per_device_bytes(args))
 
 
 def compiled_cost(compiled) -> dict[str, int]:
@@ -256,7 +259,8 @@ def plan_sft(config, mesh, graphdef, state, state_sh, step_jit, model_config, de
             "positions": np.zeros((M, 3, rows, T), np.int32), "pixel_values": _repeat(pv, M),
             "vision": {k: _repeat(v, M) for k, v in vision.items()}}
     abs_state = abstract(state, state_sh)
-    compiled = compile_program(step_jit.lower(abs_state, batch_struct(mesh, host, micro_axis=True)))
+    batch = batch_struct(mesh, host, micro_axis=True)
+    compiled = compile_program(step_jit.lower(abs_state, batch), (abs_state, batch))
     st = compiled_stats(compiled)
     params_b = per_device_bytes(abs_state["params"])
     opt_b = per_device_bytes(abs_state["opt_state"])
@@ -298,7 +302,8 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
             "response_mask": i32, "old_logp": f32, "ref_logp": f32,
             "advantages": np.zeros((M, micro_rows), np.float32), "kl_mask": np.zeros((M, micro_rows), np.float32),
             "pixel_values": _repeat(pv, M), "vision": {k: _repeat(v, M) for k, v in vision.items()}}
-    st = compiled_stats(compile_program(s.update_fn.lower(abs_state, batch_struct(mesh, host, micro_axis=True))))
+    batch = batch_struct(mesh, host, micro_axis=True)
+    st = compiled_stats(compile_program(s.update_fn.lower(abs_state, batch), (abs_state, batch)))
     st["resident_args"] = per_device_bytes(abs_state)
     st["gradients_estimate"] = resident["policy_params"]
     programs["update"] = st
@@ -312,7 +317,8 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=S.replicated(mesh))
     compiled = compile_program(G._generate_jit.lower(s.graphdef, abs_state["params"], b["prompt_ids"],
                                                      b["prompt_mask"], b["positions"], b["rope_deltas"],
-                                                     b["pixel_values"], b["vision"], key, s.sampling))
+                                                     b["pixel_values"], b["vision"], key, s.sampling),
+                               (abs_state["params"], b))
     st = compiled_stats(compiled)
     st["resident_args"] = resident["policy_params"]
     st["kv_cache_estimate"] = kv_cache_bytes(mc, gen_rows, T - 1, config.model.dtype, mesh)
@@ -328,7 +334,7 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
         compiled = compile_program(G.score.lower(gd, params, b["input_ids"], b["positions"], b["segment_ids"],
                                                  b["pixel_values"], b["vision"], b["response_mask"],
                                                  temperature=float(rl.temperature), chunk_size=s.chunk,
-                                                 banned_token_ids=s.banned))
+                                                 banned_token_ids=s.banned), (params, b))
         st = compiled_stats(compiled)
         st["resident_args"] = per_device_bytes(params)
         programs[f"score_{name}"] = st
