@@ -179,7 +179,7 @@ def image_inputs(config, model_config, rows: int, processes: int = 1) -> tuple[n
     vision = device_vision_inputs(prepare_vision_inputs(np.array([grid] * images), model_config, num_patches=total,
                                                         num_slots=images, slot_bucket=bucket))
     dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size * vc.patch_size
-    return np.zeros((total, dim), np.float32), vision
+    return np.broadcast_to(np.zeros((1, dim), np.float32), (total, dim)), vision   # shape only (GBs at real size)
 
 
 def _repeat(x, m: int) -> np.ndarray:
