@@ -417,15 +417,22 @@ def tpu_estimate(config, model_config, report: dict, topo) -> dict:
     from guilibra_jax.models.model import param_count
     from guilibra_jax.train import tpu_topology as TT
 
-    progs = {name: TT.roofline(st.get("flops", 0), st.get("bytes_accessed", 0), topo)
+    sh = report["shapes"]
+    # the ASFT step and the update scan over their micro-batches: the cost analysis counts one
+    loops = {"asft_step": sh.get("micro_batches", 1), "update": sh.get("micro_batches", 1)}
+    progs = {name: TT.roofline(st.get("flops", 0) * loops.get(name, 1), st.get("bytes_accessed", 0) * loops.get(name, 1),
+                               topo)
              for name, st in report["programs"].items()}
     n = param_count(model_config)
     t = model_config.text
-    sh = report["shapes"]
+    v = model_config.vision
+    n_vision = v.depth * (4 * v.hidden_size ** 2 + 3 * v.hidden_size * v.intermediate_size)
+    n -= n_vision          # 6N per text token for the decoder; the vision tower's per patch below
     peak = topo.device_peak_flops * len(topo.devices)
     if "asft_step" in progs:
         tokens = sh["micro_batches"] * sh["rows"] * sh["tokens"]
-        model_flops = TT.model_flops_per_token(n, t.num_layers, t.hidden_size, sh["tokens"]) * tokens
+        model_flops = (TT.model_flops_per_token(n, t.num_layers, t.hidden_size, sh["tokens"]) * tokens
+                       + 6 * n_vision * sh["patches"] * sh["micro_batches"])
         step = progs["asft_step"]["time_s"]
         what = "asft optimizer step"
     else:
@@ -443,6 +450,7 @@ def tpu_estimate(config, model_config, report: dict, topo) -> dict:
                        * sh["generation_rows"] * T * (len([k for k in progs if k.startswith("score_")]) + 1))
         what = "rl round (sampler + scoring + updates)"
     return {"topology": topo.name, "chips": topo.chips, "devices": len(topo.devices), "hosts": topo.hosts,
+            "micro_batch_scan_counted": loops["asft_step"],
             "chip": {"kind": topo.chip.kind, "peak_bf16_tflops": topo.chip.peak_bf16_flops / 1e12,
                      "hbm_gib": topo.chip.hbm_gib, "hbm_gb_per_s": topo.chip.hbm_bytes_per_s / 1e9},
             "params": n, "roofline": progs, "step": what, "step_time_s": step,
