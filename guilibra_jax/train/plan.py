@@ -449,6 +449,8 @@ def tpu_estimate(config, model_config, report: dict, topo) -> dict:
                        + TT.model_flops_per_token(n, t.num_layers, t.hidden_size, T, train=False)
                        * sh["generation_rows"] * T * (len([k for k in progs if k.startswith("score_")]) + 1))
         what = "rl round (sampler + scoring + updates)"
+    if any(st.get("refused_by_compiler") for st in report["programs"].values()):
+        step, what = 0.0, what + ": unknown (a program was refused by the compiler)"
     return {"topology": topo.name, "chips": topo.chips, "devices": len(topo.devices), "hosts": topo.hosts,
             "micro_batch_scan_counted": loops["asft_step"],
             "chip": {"kind": topo.chip.kind, "peak_bf16_tflops": topo.chip.peak_bf16_flops / 1e12,
