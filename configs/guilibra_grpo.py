@@ -39,19 +39,26 @@ Remaining departures from the release, and why:
         --config.model.hf_path=/ckpt/guilibra-sft-8b --config.data.train_files='/data/rl/*.parquet'
 
 Hardware: 1 x 8 H100 80GB (one host), every size; see ``python -m launch.plan``.
+TPU variant: ``qwen2_5_vl_7b_v5p`` on a TPU v5p-64 (2x4x4, 32 chips) (8 TPU VMs, mesh fsdp 32),
+the same batch geometry.
 """
 
 from configs.guilibra_sft import RECIPES
-from guilibra_jax.train.config import H100_1x8, base_config, hardware
+from guilibra_jax.train.config import H100_1x8, V5P_2x4x4, base_config, hardware
+
+# TPU variants: name -> (size, slice, fsdp, tensor); the release's batch geometry unchanged
+TPU_VARIANTS = {"qwen2_5_vl_7b_v5p": ("qwen2_5_vl_7b", V5P_2x4x4, 32, 1)}
+ARGS = ("qwen2_5_vl_3b", "qwen2_5_vl_7b", "qwen3_vl_4b", "qwen3_vl_8b", "qwen2_5_vl_7b_v5p")
 
 RELEASE_PIXELS = (262144, 2508800)   # examples/config.yaml min_pixels; the scripts' data.max_pixels
 
 
 def get_config(arg="qwen2_5_vl_3b"):
     name, _, variant = (arg or "qwen2_5_vl_3b").partition(":")
-    if name not in RECIPES or variant not in ("", "paper"):
-        raise ValueError(f"configs/guilibra_grpo.py: unknown recipe {arg!r}; expected one of {sorted(RECIPES)}, "
+    if name not in ARGS or variant not in ("", "paper"):
+        raise ValueError(f"configs/guilibra_grpo.py: unknown recipe {arg!r}; expected one of {list(ARGS)}, "
                          f"optionally followed by ':paper'")
+    name, tpu_slice, tpu_fsdp, tpu_tensor = TPU_VARIANTS.get(name, (name, None, 0, 0))
     family, fsdp, tensor = RECIPES[name]
     c = base_config()
     c.method = "grpo"
@@ -97,4 +104,7 @@ def get_config(arg="qwen2_5_vl_3b"):
     c.train.steps = 312           # 2 epochs of a 40K-step subset at 256 prompts per step
     c.train.log_every = 1
     c.train.checkpoint_every = 50
+    if tpu_slice:
+        c.hardware = hardware(*tpu_slice)
+        c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, tpu_fsdp, tpu_tensor
     return c

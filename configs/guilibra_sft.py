@@ -35,9 +35,21 @@ Remaining departures from the release, and why:
 
 Hardware: 1 x 8 H100 80GB (one host), every size; ``python -m launch.plan --config=configs/guilibra_sft.py:ARG``
 prints the per-device memory.
+
+TPU variants (``SIZE_v5p``; ``launch.plan`` compiles them with the TPU compiler, libtpu needed):
+``qwen2_5_vl_3b_v5p`` on a TPU v5p-8 (2x2x1, 4 chips),
+``qwen2_5_vl_7b_v5p`` on a TPU v5p-16 (2x2x2, 8 chips):
+tensor parallelism over the 4 chips of a TPU VM (mesh.tensor = 4: the vocabulary's logits and
+the attention heads split), FSDP over the VMs (mesh.fsdp = chips / 4), one row per FSDP group
+per micro-batch (data.batch_size = mesh.fsdp: each VM draws its own rows), and 256 rows per
+optimizer step as the release (train.grad_accum = 256 / data.batch_size). At the release's
+24,576-token limit with a 5.7-megapixel image per row they do NOT fit (the TPU compiler asks
+for 120 GB of temporaries per v5p chip for 3B: the text decoder's dense attention scores over
+24,576 tokens); at data.max_length = 8,192 3B still needs 101 GB per v5p chip, 37 GB of it the
+step's 256 images at max_pixels, one argument replicated on every chip (see NOTES-tpu.md).
 """
 
-from guilibra_jax.train.config import H100_1x8, base_config, hardware
+from guilibra_jax.train.config import H100_1x8, V5P_2x2x1, V5P_2x2x2, base_config, hardware
 
 RECIPES = {
     # name: (family, fsdp, tensor)
@@ -46,6 +58,12 @@ RECIPES = {
     "qwen3_vl_4b": ("qwen3_vl", 8, 1),
     "qwen3_vl_8b": ("qwen3_vl", 8, 1),
 }
+# TPU variants: name -> (size, slice); see the module docstring
+TPU_VARIANTS = {   # name: (size, slice, mesh.tensor)
+    "qwen2_5_vl_3b_v5p": ("qwen2_5_vl_3b", V5P_2x2x1, 4),
+    "qwen2_5_vl_7b_v5p": ("qwen2_5_vl_7b", V5P_2x2x2, 4),
+}
+ARGS = ("qwen2_5_vl_3b", "qwen2_5_vl_7b", "qwen3_vl_4b", "qwen3_vl_8b", "qwen2_5_vl_3b_v5p", "qwen2_5_vl_7b_v5p")
 STEPS = 636                       # one epoch: ~81K steps x 2 samples (1:1 mix) / 256 per step
 RELEASE_PIXELS = (3136, 5720064)  # SFT/train.py: min_pixels, max_pixels of the processor
 
@@ -53,14 +71,15 @@ RELEASE_PIXELS = (3136, 5720064)  # SFT/train.py: min_pixels, max_pixels of the 
 def parse_arg(arg):
     """``size`` or ``size:paper`` -> (size, variant)."""
     name, _, variant = (arg or "qwen2_5_vl_3b").partition(":")
-    if name not in RECIPES or variant not in ("", "paper"):
-        raise ValueError(f"configs/guilibra_sft.py: unknown recipe {arg!r}; expected one of {sorted(RECIPES)}, "
+    if name not in ARGS or variant not in ("", "paper"):
+        raise ValueError(f"configs/guilibra_sft.py: unknown recipe {arg!r}; expected one of {list(ARGS)}, "
                          f"optionally followed by ':paper'")
     return name, variant or "release"
 
 
 def get_config(arg="qwen2_5_vl_3b"):
     name, variant = parse_arg(arg)
+    name, tpu_slice, tpu_tensor = TPU_VARIANTS.get(name, (name, None, 1))
     family, fsdp, tensor = RECIPES[name]
     c = base_config()
     c.model.name = name           # real sizes; set model.hf_path to load the checkpoint's weights
@@ -98,4 +117,16 @@ def get_config(arg="qwen2_5_vl_3b"):
     c.train.steps = STEPS
     c.train.log_every = 10
     c.train.checkpoint_every = 100
+    if tpu_slice:
+        on_tpu_slice(c, tpu_slice, step_rows=256, tensor=tpu_tensor)
     return c
+
+
+def on_tpu_slice(c, tpu_slice, step_rows: int, tensor: int = 1):
+    """A TPU slice's variant: its hardware, the weights over every chip (mesh.fsdp x
+    mesh.tensor), one row per chip per micro-batch, ``step_rows`` rows per optimizer step."""
+    c.hardware = hardware(*tpu_slice)
+    chips = c.hardware.hosts * c.hardware.devices_per_host
+    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, chips // tensor, tensor
+    c.data.batch_size = chips // tensor
+    c.train.grad_accum = step_rows // c.data.batch_size

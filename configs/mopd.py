@@ -41,15 +41,16 @@ Layouts (``:arg``): ``8x8`` (default): the paper's 64 H100 80GB (8 hosts x 8); `
 host of 8 H100 80GB. ``python -m launch.plan --config=configs/mopd.py:ARG`` prints what each
 needs per device.
 
-Hardware: 8 x 8 H100 80GB (``:8x8``, the paper) or 1 x 8 H100 80GB (``:1x8``).
+Hardware: 8 x 8 H100 80GB (``:8x8``, the paper) or 1 x 8 H100 80GB (``:1x8``), or a
+TPU v5p-128 (4x4x4, 64 chips) (``:v5p_4x4x4``: 16 TPU VMs, mesh fsdp 16 x tensor 4).
 """
 
 import ml_collections as mlc
 
 from configs.mopd_teacher_sft import PIXELS
-from guilibra_jax.train.config import H100_1x8, H100_8x8, base_config, hardware
+from guilibra_jax.train.config import H100_1x8, H100_8x8, V5P_4x4x4, base_config, hardware
 
-ARGS = ("8x8", "1x8")
+ARGS = ("8x8", "1x8", "v5p_4x4x4")
 
 
 def get_config(arg="8x8"):
@@ -98,6 +99,9 @@ def get_config(arg="8x8"):
     c.rl.teacher_model_name = "qwen3_vl_32b"   # what launch.plan assumes while rl.teachers are unset
     if arg == "8x8":
         c.hardware = hardware(*H100_8x8)
+        c.mesh.fsdp, c.mesh.tensor = 16, 4
+    elif arg == "v5p_4x4x4":     # 64 chips on 16 TPU VMs, the 8x8 layout (tensor 4 within a host)
+        c.hardware = hardware(*V5P_4x4x4)
         c.mesh.fsdp, c.mesh.tensor = 16, 4
     else:
         c.hardware = hardware(*H100_1x8)

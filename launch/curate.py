@@ -11,6 +11,7 @@ command on every host (as launch.train; the workdir on shared storage).
 from guilibra_jax.train import distributed
 
 distributed.apply_gpu_xla_flags()  # before jax initialises its backends
+distributed.apply_tpu_xla_flags()  # on a Cloud TPU VM only
 
 import json  # noqa: E402
 import logging  # noqa: E402

@@ -8,6 +8,7 @@ Re-running the same command resumes from the latest complete checkpoint in DIR.
 from guilibra_jax.train import distributed
 
 distributed.apply_gpu_xla_flags()  # before jax initialises its backends
+distributed.apply_tpu_xla_flags()  # on a Cloud TPU VM only
 
 import json  # noqa: E402
 import logging  # noqa: E402

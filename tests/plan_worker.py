@@ -1,10 +1,11 @@
 """Plans recipes on fake CPU devices in a fresh process and prints one JSON line per recipe.
 
-    python tests/plan_worker.py --devices=8 --recipes=configs/guilibra_sft.py:qwen2_5_vl_3b,... [--tiny]
+    python tests/plan_worker.py --devices=8 --recipes=configs/guilibra_sft.py:qwen2_5_vl_3b,... [--tiny] [--tpu]
 
 ``--tiny`` keeps each recipe's mesh, batch geometry, method, remat and dtypes but swaps in
 the tiny model of its family and short sequences, so the same planning code runs in seconds;
-without it the recipe is planned at its real size (minutes per recipe on a CPU).
+without it the recipe is planned at its real size (minutes per recipe on a CPU). ``--tpu``
+compiles for the recipe's ``hardware.topology`` with the TPU compiler (libtpu) instead.
 """
 
 import argparse
@@ -38,6 +39,7 @@ def main():
     ap.add_argument("--devices", type=int, required=True)
     ap.add_argument("--recipes", required=True)
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--tpu", action="store_true", help="compile for each recipe's hardware.topology (libtpu)")
     args = ap.parse_args()
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
     os.environ["JAX_PLATFORMS"] = "cpu"
@@ -62,6 +64,12 @@ def main():
             c = shrink(c, tokenizer_dir)
         run_config.validate(c, planning=True)
         hw = c.hardware
+        if args.tpu:
+            from guilibra_jax.train import tpu_topology as TT
+            topo = TT.topology(hw.topology)
+            report = PLAN.plan_config(c, len(topo.devices), topo.hosts, None, topology=topo)
+            print(json.dumps({"recipe": spec, "report": report}), flush=True)
+            continue
         report = PLAN.plan_config(c, args.devices, hw.hosts, hw.device_memory_gib or None)
         print(json.dumps({"recipe": spec, "report": report}), flush=True)
 

@@ -5,6 +5,7 @@ same planning code: mesh, shardings, update / sampler / scoring programs), at re
 a slow test whose figures the README quotes."""
 import collections
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -50,23 +51,30 @@ def test_recipe_validates_and_its_mesh_fits_its_hardware(spec):
     assert c.data.batch_size % hw.hosts == 0
 
 
-def _plan(specs, devices, tiny):
+def _plan(specs, devices, tiny, tpu=False):
     cmd = [sys.executable, os.path.join(ROOT, "tests", "plan_worker.py"), f"--devices={devices}",
-           f"--recipes={','.join(specs)}"] + (["--tiny"] if tiny else [])
+           f"--recipes={','.join(specs)}"] + (["--tiny"] if tiny else []) + (["--tpu"] if tpu else [])
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1"}
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
     assert out.returncode == 0, out.stderr[-4000:]
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
+def tpu_recipes():
+    """Recipes sized for a TPU slice (hardware.topology): planned with the TPU compiler."""
+    return [spec for spec in train_recipes() if load(spec)[1].hardware.topology]
+
+
 def _by_devices(tiny: bool):
     """{devices: recipes}; with ``tiny``, one recipe per method, model family and mesh (at
-    tiny size, sizes and switches give the same programs up to constants)."""
+    tiny size, sizes and switches give the same programs up to constants). TPU recipes aside."""
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     from plan_worker import shrink
     groups, seen = collections.defaultdict(list), set()
     for spec in train_recipes():
         c = load(spec)[1]
+        if c.hardware.topology:
+            continue
         if tiny:   # one program set per method, family and mesh (switches change numbers, not programs' shapes)
             key = json.dumps([c.method, c.model.tiny.family, c.mesh.to_dict(), c.hardware.to_dict()], default=str)
             if key in seen:
@@ -103,3 +111,17 @@ def test_every_recipe_fits_its_hardware_at_real_size(devices, specs):
             json.dump(g["report"], f, indent=1)
         assert g["report"]["fits"] is not False, (g["recipe"], g["report"].get("overflow"),
                                                   g["report"]["per_device_gib"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu is not installed (pip install -e .[tpu]): TPU recipes are not compiled")
+def test_tpu_recipes_plan_on_their_slice_at_tiny_size():
+    """Each TPU recipe's mesh and batch geometry compile for its slice (TPU compiler, tiny model);
+    tests/train/test_tpu_plan.py checks the TPU path's figures in the default run."""
+    specs = tpu_recipes()
+    got = _plan(specs, 1, tiny=True, tpu=True)
+    assert [g["recipe"] for g in got] == specs
+    for g in got:
+        rep = g["report"]
+        assert rep["devices"] == rep["tpu"]["devices"] and rep["fits"] is True, (g["recipe"], rep["per_device_gib"])

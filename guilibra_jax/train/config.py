@@ -116,7 +116,9 @@ def base_config() -> mlc.ConfigDict:
     c.mesh = mlc.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
     # What the recipe is sized for: launch.plan's defaults (devices = hosts * devices_per_host,
     # device_memory_gib; 0 = unknown, e.g. a CPU). The mesh must divide hosts * devices_per_host.
-    c.hardware = mlc.ConfigDict(dict(name="1 x CPU", hosts=1, devices_per_host=1, device_memory_gib=0.0))
+    # topology: a TPU slice ("v5p:2x2x2"): launch.plan then compiles for it with the TPU compiler.
+    c.hardware = mlc.ConfigDict(dict(name="1 x CPU", hosts=1, devices_per_host=1, device_memory_gib=0.0,
+                                     topology=""))
     c.train = mlc.ConfigDict(dict(
         steps=100, grad_accum=1, log_every=10, checkpoint_every=100, keep_checkpoints=2,
         async_checkpoints=True, eval_every=0, eval_samples=64, eval_max_new_tokens=96,
@@ -137,14 +139,21 @@ def base_config() -> mlc.ConfigDict:
     return c
 
 
-def hardware(name: str, hosts: int, devices_per_host: int, device_memory_gib: float) -> mlc.ConfigDict:
-    """A recipe's ``hardware`` entry, e.g. ``hardware("1 x 8 H100 80GB", 1, 8, 80)``."""
+def hardware(name: str, hosts: int, devices_per_host: int, device_memory_gib: float,
+             topology: str = "") -> mlc.ConfigDict:
+    """A recipe's ``hardware`` entry, e.g. ``hardware("1 x 8 H100 80GB", 1, 8, 80)``; a TPU
+    slice names its ``topology`` (``hardware(*V5P_2x2x2)``)."""
     return mlc.ConfigDict(dict(name=name, hosts=hosts, devices_per_host=devices_per_host,
-                               device_memory_gib=float(device_memory_gib)))
+                               device_memory_gib=float(device_memory_gib), topology=topology))
 
 
 H100_1x8 = ("1 x 8 H100 80GB", 1, 8, 80)
 H100_8x8 = ("8 x 8 H100 80GB", 8, 8, 80)
+# Cloud TPU v5p slices (4 chips per TPU VM host, 95 GB HBM per chip; cloud.google.com/tpu/docs/v5p)
+V5P_2x2x1 = ("TPU v5p-8 (2x2x1, 4 chips)", 1, 4, 95, "v5p:2x2x1")
+V5P_2x2x2 = ("TPU v5p-16 (2x2x2, 8 chips)", 2, 4, 95, "v5p:2x2x2")
+V5P_2x4x4 = ("TPU v5p-64 (2x4x4, 32 chips)", 8, 4, 95, "v5p:2x4x4")
+V5P_4x4x4 = ("TPU v5p-128 (4x4x4, 64 chips)", 16, 4, 95, "v5p:4x4x4")
 
 
 def load_run_config(workdir: str) -> mlc.ConfigDict:
@@ -324,6 +333,7 @@ RULES: dict[str, K.Check] = {
     "hardware.hosts": K.integer(1),
     "hardware.devices_per_host": K.integer(1),
     "hardware.device_memory_gib": K.number(0, note="(0 = unknown)"),
+    "hardware.topology": K.text("a TPU slice such as 'v5p:2x2x2', or '' for none"),
     "distributed.coordinator_address": K.host_port(),
     "distributed.num_processes": K.integer(0),
     "distributed.process_id": K.integer(-1),

@@ -23,8 +23,10 @@ response slots.
 from __future__ import annotations
 
 import math
+import re
 import tempfile
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -67,7 +69,60 @@ def compiled_stats(compiled) -> dict[str, int]:
         return {}
     keys = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
             "generated_code_size_in_bytes")
-    return {k.replace("_size_in_bytes", ""): int(getattr(m, k, 0) or 0) for k in keys}
+    out = {k.replace("_size_in_bytes", ""): int(getattr(m, k, 0) or 0) for k in keys}
+    out.update(compiled_cost(compiled))
+    if isinstance(compiled, _Refused):
+        out["refused_by_compiler"] = compiled.message
+    return out
+
+
+_OOM = re.compile(r"RESOURCE_EXHAUSTED: Ran out of memory[^\n]*?required for ([^(]+?) \(([\d.]+)([KMGT])\) exceeds "
+                  r"available HBM \(([\d.]+)([KMGT])\)")
+
+
+class _Refused(NamedTuple):
+    """A program the TPU compiler refused for lack of memory (it checks HBM at compile time):
+    its memory analysis is the compiler's own requirement, as temporaries."""
+    what: str
+    required: int
+    available: int
+    message: str
+    arguments: int = 0     # per-device bytes of its inputs (from their shardings)
+
+    def memory_analysis(self):
+        return SimpleNamespace(temp_size_in_bytes=self.required, argument_size_in_bytes=self.arguments)
+
+    def cost_analysis(self):
+        return {}
+
+
+def compile_program(lowered, args=()):
+    """``lowered.compile()``; a program that the TPU compiler refuses for lack of HBM comes
+    back as a stand-in whose memory analysis is the requirement the compiler reported (and
+    ``args``' per-device bytes as its inputs)."""
+    try:
+        return lowered.compile()
+    except Exception as e:  # noqa: BLE001  (jax's XlaRuntimeError; anything else re-raised)
+        m = _OOM.search(str(e))
+        if not m:
+            raise
+        unit = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+        return _Refused(m.group(1).strip(), int(float(m.group(2)) * unit[m.group(3)]),
+                        int(float(m.group(4)) * unit[m.group(5)]), str(e).splitlines()[0][:300],
+                        per_device_bytes(args))
+
+
+def compiled_cost(compiled) -> dict[str, int]:
+    """Per-device FLOPs and HBM bytes of a compiled program (XLA's cost analysis; a while
+    loop's body, e.g. the sampler's decode step, counts once)."""
+    try:
+        c = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001  (backends without a cost model)
+        return {}
+    c = c[0] if isinstance(c, (list, tuple)) else c
+    if not c:
+        return {}
+    return {"flops": int(c.get("flops", 0) or 0), "bytes_accessed": int(c.get("bytes accessed", 0) or 0)}
 
 
 # ----------------------------------------------------------------------------- shapes
@@ -124,13 +179,12 @@ def image_inputs(config, model_config, rows: int, processes: int = 1) -> tuple[n
     vision = device_vision_inputs(prepare_vision_inputs(np.array([grid] * images), model_config, num_patches=total,
                                                         num_slots=images, slot_bucket=bucket))
     dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size * vc.patch_size
-    return zeros_view((total, dim), np.float32), vision
+    return np.broadcast_to(np.zeros((1, dim), np.float32), (total, dim)), vision   # shape only (GBs at real size)
 
 
-def zeros_view(shape, dtype) -> np.ndarray:
-    """A read-only zero array of ``shape`` that allocates nothing (only shapes are planned:
-    a real recipe's pixel batch is tens of GB)."""
-    return np.broadcast_to(np.zeros((), dtype), tuple(shape))
+def _repeat(x, m: int) -> np.ndarray:
+    """[m, *x.shape] view of ``x`` (shapes only: a real-size step's pixels would not fit in RAM)."""
+    return np.broadcast_to(x, (m, *np.shape(x)))
 
 
 def _struct_like(x, dtype=None):
@@ -202,10 +256,11 @@ def plan_sft(config, mesh, graphdef, state, state_sh, step_jit, model_config, de
     pv, vision = image_inputs(config, model_config, rows, processes)
     i32 = np.zeros((M, rows, T), np.int32)
     host = {"input_ids": i32, "targets": i32, "loss_segments": i32, "segment_ids": i32,
-            "positions": np.zeros((M, 3, rows, T), np.int32), "pixel_values": zeros_view((M,) + pv.shape, pv.dtype),
-            "vision": {k: np.stack([v] * M) for k, v in vision.items()}}
+            "positions": np.zeros((M, 3, rows, T), np.int32), "pixel_values": _repeat(pv, M),
+            "vision": {k: _repeat(v, M) for k, v in vision.items()}}
     abs_state = abstract(state, state_sh)
-    compiled = step_jit.lower(abs_state, batch_struct(mesh, host, micro_axis=True)).compile()
+    batch = batch_struct(mesh, host, micro_axis=True)
+    compiled = compile_program(step_jit.lower(abs_state, batch), (abs_state, batch))
     st = compiled_stats(compiled)
     params_b = per_device_bytes(abs_state["params"])
     opt_b = per_device_bytes(abs_state["opt_state"])
@@ -248,8 +303,9 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     host = {"input_ids": i32, "segment_ids": i32, "positions": np.zeros((M, 3, micro_rows, T), np.int32),
             "response_mask": i32, "old_logp": f32, "ref_logp": f32,
             "advantages": np.zeros((M, micro_rows), np.float32), "kl_mask": np.zeros((M, micro_rows), np.float32),
-            "pixel_values": zeros_view((M,) + pv.shape, pv.dtype), "vision": {k: np.stack([v] * M) for k, v in vision.items()}}
-    st = compiled_stats(s.update_fn.lower(abs_state, batch_struct(mesh, host, micro_axis=True)).compile())
+            "pixel_values": _repeat(pv, M), "vision": {k: _repeat(v, M) for k, v in vision.items()}}
+    batch = batch_struct(mesh, host, micro_axis=True)
+    st = compiled_stats(compile_program(s.update_fn.lower(abs_state, batch), (abs_state, batch)))
     st["resident_args"] = per_device_bytes(abs_state)
     st["gradients_estimate"] = resident["policy_params"]
     programs["update"] = st
@@ -261,9 +317,10 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
               "pixel_values": pv, "vision": vision}
     b = batch_struct(mesh, prompt, micro_axis=False)
     key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=S.replicated(mesh))
-    compiled = G._generate_jit.lower(s.graphdef, abs_state["params"], b["prompt_ids"], b["prompt_mask"],
-                                     b["positions"], b["rope_deltas"], b["pixel_values"], b["vision"], key,
-                                     s.sampling).compile()
+    compiled = compile_program(G._generate_jit.lower(s.graphdef, abs_state["params"], b["prompt_ids"],
+                                                     b["prompt_mask"], b["positions"], b["rope_deltas"],
+                                                     b["pixel_values"], b["vision"], key, s.sampling),
+                               (abs_state["params"], b))
     st = compiled_stats(compiled)
     st["resident_args"] = resident["policy_params"]
     st["kv_cache_estimate"] = kv_cache_bytes(mc, gen_rows, T - 1, config.model.dtype, mesh)
@@ -277,9 +334,10 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     b = batch_struct(mesh, seq, micro_axis=False)
     scored = [] if rl_loop.reuse_sampler_log_probs(rl) else [("policy", s.graphdef, abs_state["params"])]
     for name, gd, params in scored + [(n, f.graphdef, abstract(f.params)) for n, f in s.frozen.items()]:
-        compiled = G.score.lower(gd, params, b["input_ids"], b["positions"], b["segment_ids"], b["pixel_values"],
-                                 b["vision"], b["response_mask"], temperature=float(rl.temperature),
-                                 chunk_size=s.chunk, banned_token_ids=s.banned).compile()
+        compiled = compile_program(G.score.lower(gd, params, b["input_ids"], b["positions"], b["segment_ids"],
+                                                 b["pixel_values"], b["vision"], b["response_mask"],
+                                                 temperature=float(rl.temperature), chunk_size=s.chunk,
+                                                 banned_token_ids=s.banned), (params, b))
         st = compiled_stats(compiled)
         st["resident_args"] = per_device_bytes(params)
         programs[f"score_{name}"] = st
@@ -299,11 +357,15 @@ def kv_cache_bytes(model_config, rows: int, slots: int, dtype: str, mesh) -> int
 
 # ----------------------------------------------------------------------------- a recipe
 def plan_config(config, devices: int, hosts: int = 1, device_memory_gib: float | None = 80.0,
-                workdir: str = "") -> dict:
+                workdir: str = "", topology=None) -> dict:
     """The memory plan of ``config`` on ``devices`` devices (this process's, fake on a CPU)
-    over ``hosts`` processes; the programs are compiled, nothing is allocated."""
+    over ``hosts`` processes; the programs are compiled, nothing is allocated. With
+    ``topology`` (a :class:`tpu_topology.Topology`), compiled by the TPU compiler for that
+    slice's devices instead, with a roofline estimate of the step (:func:`tpu_estimate`)."""
     from guilibra_jax.errors import ConfigError
 
+    if topology is not None:
+        return _plan_topology(config, topology, hosts, device_memory_gib, workdir)
     if jax.device_count() != devices:
         raise ConfigError(f"--devices={devices} but this process has {jax.device_count()} devices: XLA_FLAGS was set "
                           f"before launch.plan started; unset it")
@@ -320,6 +382,85 @@ def plan_config(config, devices: int, hosts: int = 1, device_memory_gib: float |
     from guilibra_jax.train import rl_loop
     s, state, state_sh = rl_loop.setup(config, mesh, tokenizer, materialize=False)
     return plan_stage2(s, state, state_sh, device_memory_gib, processes=hosts)
+
+
+def _plan_topology(config, topo, hosts, device_memory_gib, workdir) -> dict:
+    from guilibra_jax.errors import ConfigError
+    from guilibra_jax.train import model_factory
+
+    hosts = hosts or topo.hosts
+    if config.data.batch_size % hosts:
+        raise ConfigError(f"config key data.batch_size = {config.data.batch_size} is invalid: expected a multiple of "
+                          f"the {hosts} hosts of {topo.name}")
+    try:
+        mesh = S.make_mesh(dict(config.mesh), devices=topo.devices)
+    except ValueError as e:
+        raise ConfigError(f"config key mesh = {dict(config.mesh)} is invalid for the {len(topo.devices)} devices of "
+                          f"{topo.name}: {e}") from None
+    memory = device_memory_gib or topo.device_memory_gib
+    tokenizer = _tokenizer(config, workdir)
+    if config.method == "sft":
+        report = _plan_sft(config, mesh, tokenizer, memory, hosts)
+    else:
+        from guilibra_jax.train import rl_loop
+        s, state, state_sh = rl_loop.setup(config, mesh, tokenizer, materialize=False)
+        report = plan_stage2(s, state, state_sh, memory, processes=hosts)
+    mc = model_factory.model_config_of(config, tokenizer)
+    report["tpu"] = tpu_estimate(config, mc, report, topo)
+    return report
+
+
+def tpu_estimate(config, model_config, report: dict, topo) -> dict:
+    """The slice, the chip's published figures and a roofline lower bound of each program's
+    time (per device: max(FLOPs / peak, HBM bytes / bandwidth), from the TPU compiler's cost
+    analysis), an optimizer step's (ASFT) or an RL round's time, and the MFU that bound allows
+    (model FLOPs 6N per token + attention over the slice's peak). The sampler's decode loop
+    counts once in the cost analysis; its other steps are added as memory-bound reads of the
+    policy's parameters and the KV cache."""
+    from guilibra_jax.models.model import param_count
+    from guilibra_jax.train import tpu_topology as TT
+
+    sh = report["shapes"]
+    # the ASFT step and the update scan over their micro-batches: the cost analysis counts one
+    loops = {"asft_step": sh.get("micro_batches", 1), "update": sh.get("micro_batches", 1)}
+    progs = {name: TT.roofline(st.get("flops", 0) * loops.get(name, 1), st.get("bytes_accessed", 0) * loops.get(name, 1),
+                               topo)
+             for name, st in report["programs"].items()}
+    n = param_count(model_config)
+    t = model_config.text
+    v = model_config.vision
+    n_vision = v.depth * (4 * v.hidden_size ** 2 + 3 * v.hidden_size * v.intermediate_size)
+    n -= n_vision          # 6N per text token for the decoder; the vision tower's per patch below
+    peak = topo.device_peak_flops * len(topo.devices)
+    if "asft_step" in progs:
+        tokens = sh["micro_batches"] * sh["rows"] * sh["tokens"]
+        model_flops = (TT.model_flops_per_token(n, t.num_layers, t.hidden_size, sh["tokens"]) * tokens
+                       + 6 * n_vision * sh["patches"] * sh["micro_batches"])
+        step = progs["asft_step"]["time_s"]
+        what = "asft optimizer step"
+    else:
+        rl = config.rl
+        samp = report["programs"]["sampler"]
+        decode_bytes = report["per_device_gib"]["policy_params"] * GIB + samp.get("kv_cache_estimate", 0)
+        progs["sampler"]["decode_steps_s"] = (sh["response_tokens"] - 1) * decode_bytes / topo.device_hbm_bytes_per_s
+        progs["sampler"]["time_s"] += progs["sampler"]["decode_steps_s"]
+        updates = rl.minibatches * rl.ppo_epochs
+        step = sum(p["time_s"] for k, p in progs.items() if k != "update") + updates * progs["update"]["time_s"]
+        T = sh["prompt_tokens"] + sh["response_tokens"]
+        upd_tokens = sh["update_rows"] * T
+        model_flops = (TT.model_flops_per_token(n, t.num_layers, t.hidden_size, T) * upd_tokens * rl.ppo_epochs
+                       + TT.model_flops_per_token(n, t.num_layers, t.hidden_size, T, train=False)
+                       * sh["generation_rows"] * T * (len([k for k in progs if k.startswith("score_")]) + 1))
+        what = "rl round (sampler + scoring + updates)"
+    if any(st.get("refused_by_compiler") for st in report["programs"].values()):
+        step, what = 0.0, what + ": unknown (a program was refused by the compiler)"
+    return {"topology": topo.name, "chips": topo.chips, "devices": len(topo.devices), "hosts": topo.hosts,
+            "micro_batch_scan_counted": loops["asft_step"],
+            "chip": {"kind": topo.chip.kind, "peak_bf16_tflops": topo.chip.peak_bf16_flops / 1e12,
+                     "hbm_gib": topo.chip.hbm_gib, "hbm_gb_per_s": topo.chip.hbm_bytes_per_s / 1e9},
+            "params": n, "roofline": progs, "step": what, "step_time_s": step,
+            "model_tflops_per_step": model_flops / 1e12,
+            "mfu_bound": model_flops / (peak * step) if step else None}
 
 
 def _tokenizer(config, workdir: str):
@@ -349,12 +490,16 @@ def format_report(report: dict) -> str:
     for k, v in report["per_device_gib"].items():
         lines.append(f"  {k:<44} {v:10.3f}")
     for name, st in report["programs"].items():
+        if st.get("refused_by_compiler"):
+            lines.append(f"  ({name}: the TPU compiler refused it: {st['refused_by_compiler']})")
         extra = {k: round(v / 2**30, 3) for k, v in st.items() if k.endswith("_estimate")}
         if extra:
             lines.append(f"  ({name}: {', '.join(f'{k[:-9]} ~{v} GiB' for k, v in extra.items())} of its temporaries)")
     usable = report["usable_gib"]
     lines.append(f"  {'peak (' + str(report['peak_program']) + ')':<44} {report['peak_gib']:10.3f}"
                  + (f"  of {usable:.2f} usable" if usable else ""))
+    if report.get("tpu"):
+        lines += tpu_lines(report["tpu"])
     if report["fits"] is None:
         lines.append("fits: unknown (no device memory given)")
     elif report["fits"]:
@@ -362,6 +507,18 @@ def format_report(report: dict) -> str:
     else:
         lines.append(f"fits: NO: {report['overflow']} overflows; {report['suggestion']}")
     return "\n".join(lines)
+
+
+def tpu_lines(est: dict) -> list[str]:
+    c = est["chip"]
+    lines = [f"TPU {est['topology']}: {est['chips']} chips ({c['kind']}: {c['peak_bf16_tflops']:.0f} TFLOP/s bf16, "
+             f"{c['hbm_gib']:.0f} GB HBM at {c['hbm_gb_per_s']:.0f} GB/s), {est['hosts']} host(s); roofline per device:"]
+    for name, r in est["roofline"].items():
+        lines.append(f"  {name:<44} {r['time_s']:10.3f} s ({r['bound']}-bound)")
+    mfu = est["mfu_bound"]
+    lines.append(f"  {est['step']}: >= {est['step_time_s']:.2f} s, {est['model_tflops_per_step']:.0f} model TFLOPs, "
+                 f"MFU <= {100 * mfu:.0f}%" if mfu else f"  {est['step']}: unknown")
+    return lines
 
 
 def dry_run_summary(config) -> str:
