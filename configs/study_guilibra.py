@@ -21,7 +21,7 @@ Hardware: 1 x CPU (2 cores: about an hour for the whole study).
 import ml_collections as mlc
 
 from configs import demo, grpo_demo
-from configs.study_mopd import eval_config
+from configs.study_mopd import eval_config, finish
 
 ROOT = "runs/study_guilibra"
 ARGS = ("asft_a2g4", "asft_a1g1", "asft_release", "asft_reasoning", "grpo_b0_sngs0", "grpo_b0_sngs1",
@@ -62,13 +62,7 @@ def get_config(arg: str = "asft_a2g4", root: str = ROOT, smoke: bool = False) ->
         if smoke:
             c.train.steps = 2
             c.train.checkpoint_every = 1
-    if smoke:
-        c.train.progress = False
-        c.train.memory_plan = False
-        c.train.log_every = 1
-        c.optim.warmup_steps = 0
-    c.train.compilation_cache_dir = f"{root}/compilation_cache"   # stages of one shape compile once
-    return c
+    return finish(c, root, smoke)
 
 
 def plan(root: str = ROOT, smoke: bool = False) -> list[dict]:

@@ -20,6 +20,8 @@ tokenizer. One stage alone: ``python -m launch.train --config=configs/study_mopd
 Hardware: 1 x CPU (2 cores: under an hour for the whole study).
 """
 
+import os
+
 import ml_collections as mlc
 
 from configs import demo, eval_demo, mopd_demo
@@ -58,7 +60,6 @@ def _sft(stage: str, root: str, smoke: bool) -> mlc.ConfigDict:
         c.data.synthetic.tasks = 12
         c.train.steps = 2
         c.train.checkpoint_every = 1
-        c.optim.warmup_steps = 0
     return c
 
 
@@ -82,11 +83,20 @@ def get_config(arg: str = "base", root: str = ROOT, smoke: bool = False) -> mlc.
             c.rl.minibatches = 1
             c.train.steps = 2
             c.train.checkpoint_every = 1
+    return finish(c, root, smoke)
+
+
+def finish(c: mlc.ConfigDict, root: str, smoke: bool) -> mlc.ConfigDict:
+    """What every study stage shares: the smoke run's quiet, one-layer settings and one
+    compilation cache for the whole study (stages of one shape compile once;
+    ``JAX_COMPILATION_CACHE_DIR``, when set, as the trainer's "auto" honours it)."""
     if smoke:
         c.train.progress = False
         c.train.memory_plan = False
         c.train.log_every = 1
-    c.train.compilation_cache_dir = f"{root}/compilation_cache"   # stages of one shape compile once
+        c.optim.warmup_steps = 0
+        c.model.tiny.layers = c.model.tiny.vision_depth = 1
+    c.train.compilation_cache_dir = os.environ.get("JAX_COMPILATION_CACHE_DIR") or f"{root}/compilation_cache"
     return c
 
 

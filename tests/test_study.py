@@ -14,8 +14,15 @@ from guilibra_jax.eval.stats import spearman, wilson
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _study(study, workdir, *extra):
-  env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "JAX_PLATFORMS": "cpu"}
+@pytest.fixture(scope="module")
+def xla_cache(tmp_path_factory):
+  """One compilation cache for the module's studies: their stages share programs."""
+  return str(tmp_path_factory.mktemp("xla_cache"))
+
+
+def _study(study, workdir, cache, *extra):
+  env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "JAX_PLATFORMS": "cpu",
+         "JAX_COMPILATION_CACHE_DIR": cache}
   r = subprocess.run([sys.executable, "-m", "launch.study", f"--study={study}", f"--workdir={workdir}", "--smoke",
                       *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
   assert r.returncode == 0, r.stderr[-4000:]
@@ -38,10 +45,10 @@ def _online_counts(eval_dir, entry="checkpoint"):
   return out
 
 
-def test_mopd_study_smoke_runs_every_stage_reports_and_resumes(tmp_path):
+def test_mopd_study_smoke_runs_every_stage_reports_and_resumes(tmp_path, xla_cache):
   from configs import study_mopd as S
   wd = str(tmp_path / "mopd")
-  _study("mopd", wd)
+  _study("mopd", wd, xla_cache)
   stages = [s["name"] for s in S.plan(wd, smoke=True)]
   assert _log(wd) == stages
   with open(os.path.join(wd, "results.json")) as f:
@@ -61,15 +68,15 @@ def test_mopd_study_smoke_runs_every_stage_reports_and_resumes(tmp_path):
   # a rerun skips every finished stage; an interrupted MOPD stage (no export, no marker) resumes
   shutil.rmtree(os.path.join(wd, "mopd", "export"))
   os.remove(os.path.join(wd, "mopd", "study_stage.json"))
-  r = _study("mopd", wd)
+  r = _study("mopd", wd, xla_cache)
   assert _log(wd) == stages + ["mopd"]
   assert "resum" in r.stderr.lower() and os.path.exists(os.path.join(wd, "mopd", "export", "config.json"))
 
 
-def test_guilibra_study_smoke_reports_every_arm(tmp_path):
+def test_guilibra_study_smoke_reports_every_arm(tmp_path, xla_cache):
   from configs import study_guilibra as S
   wd = str(tmp_path / "guilibra")
-  _study("guilibra", wd)
+  _study("guilibra", wd, xla_cache)
   assert _log(wd) == [s["name"] for s in S.plan(wd, smoke=True)]
   with open(os.path.join(wd, "results.json")) as f:
     res = json.load(f)

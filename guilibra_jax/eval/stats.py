@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from guilibra_jax.eval.report import pearson
+
 Z95 = 1.959963984540054     # the standard normal's 97.5% quantile
 
 
@@ -43,13 +45,4 @@ def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     points or a constant side."""
     if len(xs) != len(ys):
         raise ValueError(f"spearman: {len(xs)} x values but {len(ys)} y values")
-    if len(xs) < 3:
-        return None
-    rx, ry = ranks(xs), ranks(ys)
-    n = len(rx)
-    mx, my = sum(rx) / n, sum(ry) / n
-    sx = math.sqrt(sum((a - mx) ** 2 for a in rx))
-    sy = math.sqrt(sum((b - my) ** 2 for b in ry))
-    if sx == 0 or sy == 0:
-        return None
-    return sum((a - mx) * (b - my) for a, b in zip(rx, ry)) / (sx * sy)
+    return pearson(ranks(xs), ranks(ys))
