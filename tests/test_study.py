@@ -73,6 +73,7 @@ def test_mopd_study_smoke_runs_every_stage_reports_and_resumes(tmp_path, xla_cac
   assert "resum" in r.stderr.lower() and os.path.exists(os.path.join(wd, "mopd", "export", "config.json"))
 
 
+@pytest.mark.slow   # ~2.5 min of CPU: the mopd smoke covers the driver, the report test below this report
 def test_guilibra_study_smoke_reports_every_arm(tmp_path, xla_cache):
   from configs import study_guilibra as S
   wd = str(tmp_path / "guilibra")
@@ -124,3 +125,53 @@ def test_every_full_size_stage_config_validates(study, tmp_path):
     if stage["kind"] == "train":
       run_config.validate(stage["config"])
     earlier.add(stage["name"])
+
+
+def _entry(name, rng, series=None):
+  """An evaluated model as eval.run passes it to the report (random scores)."""
+  def off(n):
+    return {"step_success": rng.random(), "grounding_accuracy": rng.random(), "action_type_accuracy": rng.random(),
+            "n": n}
+  plats = ("desktop", "mobile")
+  k = {p: int(rng.integers(0, 11)) for p in plats}
+  e = {"name": name, "offline": {"overall": off(40), "by_platform": {p: off(20) for p in plats}, "by_action_type": {}},
+       "online": {"overall": {"episodes": 20, "success_rate": sum(k.values()) / 20},
+                  "by_platform": {p: {"episodes": 10, "success_rate": k[p] / 10} for p in plats}}}
+  return {**e, "series": series} if series else e
+
+
+def test_guilibra_report_from_eval_reports(tmp_path):
+  """The GUI-Libra report reads the eval stages' report.json files (written by eval.report):
+  each arm's points are the SFT start (step 0) then its checkpoints, Spearman as scipy's."""
+  import numpy as np
+  stats = pytest.importorskip("scipy.stats")
+  from configs import study_guilibra as S
+  from guilibra_jax.eval.report import write_report
+  from guilibra_jax.eval.study_report import guilibra_report
+  rng = np.random.default_rng(0)
+  root = str(tmp_path)
+  sft = {a: _entry("checkpoint", rng) for a in S.SFT}
+  for a, e in sft.items():
+    write_report(os.path.join(root, f"eval_{a}"), [e], connect=False)
+  arms = {}
+  for arm in S.GRPO:
+    arms[arm] = [_entry(f"checkpoint@{s}", rng, "checkpoint") for s in (15, 30, 45, 60)]
+    write_report(os.path.join(root, f"eval_{arm}"), arms[arm], connect=False)
+    os.makedirs(os.path.join(root, arm))
+    with open(os.path.join(root, arm, "metrics.jsonl"), "w") as f:
+      for s in range(1, 61):
+        f.write(json.dumps({"step": s, "reward_mean": s / 60, "kl": s / 600}) + "\n")
+  res = guilibra_report(root, S)
+  start = sft[S.SFT[0]]
+  for arm, entries in arms.items():
+    r = res["grpo"][arm]
+    assert [c["step"] for c in r["checkpoints"]] == [0, 15, 30, 45, 60]
+    off = [e["offline"]["overall"]["step_success"] for e in [start] + entries]
+    on = [e["online"]["overall"]["success_rate"] for e in [start] + entries]
+    assert r["spearman_offline_vs_online"] == pytest.approx(stats.spearmanr(off, on).statistic)
+    assert r["final_kl"] == pytest.approx(0.1) and r["reward_first_last"] == pytest.approx([1 / 60, 1.0])
+  k = round(sft["asft_a1g1"]["online"]["by_platform"]["mobile"]["success_rate"] * 10)
+  assert res["asft"]["asft_a1g1"]["mobile"]["ci95"] == list(wilson(k, 10))
+  assert "| asft_release |" in open(os.path.join(root, "report.md")).read()
+  for png in res["figures"].values():
+    assert os.path.getsize(os.path.join(root, png)) > 1000
