@@ -68,9 +68,25 @@ def test_mopd_study_smoke_runs_every_stage_reports_and_resumes(tmp_path, xla_cac
   # a rerun skips every finished stage; an interrupted MOPD stage (no export, no marker) resumes
   shutil.rmtree(os.path.join(wd, "mopd", "export"))
   os.remove(os.path.join(wd, "mopd", "study_stage.json"))
+  # a workdir without an export merges from its latest checkpoint (launch.merge, as a user would)
+  merged = str(tmp_path / "merged")
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+  m = subprocess.run([sys.executable, "-m", "launch.merge", "--method=average",
+                      f"--inputs={wd}/mopd,{wd}/base/export", f"--out={merged}"],
+                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert m.returncode == 0, m.stderr[-3000:]
   r = _study("mopd", wd, xla_cache)
   assert _log(wd) == stages + ["mopd"]
   assert "resum" in r.stderr.lower() and os.path.exists(os.path.join(wd, "mopd", "export", "config.json"))
+  import numpy as np
+  from safetensors.numpy import load_file
+  got, a, b = (load_file(os.path.join(d, "model.safetensors"))
+               for d in (merged, f"{wd}/mopd/export", f"{wd}/base/export"))
+  assert sorted(got) == sorted(a)
+  for k in a:   # the checkpoint the rerun exported, averaged with the base
+    np.testing.assert_allclose(got[k], 0.5 * (a[k].astype(np.float64) + b[k]), rtol=0, atol=1e-6)
+  for f in ("tokenizer.json", "run_config.json", "generation_config.json", "preprocessor_config.json"):
+    assert os.path.exists(os.path.join(merged, f)), f
 
 
 @pytest.mark.slow   # ~2.5 min of CPU: the mopd smoke covers the driver, the report test below this report
