@@ -18,7 +18,8 @@ CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 
 class Recipe(NamedTuple):
     path: str              # configs/X.py
-    kind: str              # "train" (builds on train.config.base_config), "curate" (launch.curate's) or "eval"
+    kind: str              # "train" (builds on train.config.base_config), "curate" (launch.curate's), "eval"
+                           # or "study" (launch.study's: its stages' train configs and plan())
     args: tuple[str, ...]  # accepted ``:arg`` values ("" = none)
     default: str | None    # get_config's default argument
     summary: str           # the docstring's first sentence or line
@@ -79,8 +80,9 @@ def read_recipe(path: str, configs_dir: str = CONFIGS_DIR) -> Recipe | None:
     with open(path) as f:
         source = f.read()
     tree = ast.parse(source)
-    kind = "train" if "base_config" in source or re.search(r"^from configs[. ]", source, re.M) else (
-        "curate" if "launch.curate" in source else "eval")
+    kind = "study" if "launch.study" in source else (   # a study's stages (launch.study) are train configs
+        "train" if "base_config" in source or re.search(r"^from configs[. ]", source, re.M) else (
+            "curate" if "launch.curate" in source else "eval"))
     fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_config"), None)
     if fn is None:
         return None
@@ -121,6 +123,9 @@ def help_text(kind: str = "train", configs_dir: str = CONFIGS_DIR) -> str:
     if kind == "train":
         lines += ["", "Every key can be overridden with --config.a.b=value; --config.print_only=True (or --dry_run)",
                   "prints the resolved, validated config and exits. Keys and defaults: guilibra_jax/train/config.py."]
+    elif kind == "study":
+        lines = ["", "Studies (--study=X runs configs/study_X.py's plan; one stage alone: launch.train "
+                 "--config=configs/study_X.py:<stage>):"] + lines[2:]
     else:
         lines += ["", "Every key can be overridden with --config.a.b=value (keys: the recipe file)."]
     return "\n".join(lines)

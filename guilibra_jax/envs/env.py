@@ -149,7 +149,8 @@ class GuiEnv:
 
     def expert_trajectory(self) -> list[ExpertStep]:
         """The expert's steps from the task's start (on a fresh copy of this env)."""
-        env = GuiEnv(self.platform, self.seed, self.screen_size, self.max_steps)
+        # the expert's own step budget: an agent's shorter one (online.max_steps) must not fail it
+        env = GuiEnv(self.platform, self.seed, self.screen_size, max(self.max_steps, DEFAULT_MAX_STEPS))
         env.task = self.task
         env.reset()
         steps = []

@@ -201,3 +201,14 @@ def test_adapter_round_trips_expert_events_through_both_formats():
                     assert abs(ev[0].point[0] - s.event.point[0]) < 2e-3
                 back = AD.action_from_tool_call(s.main.tool_call)
                 assert back.action_type == s.main.action.action_type and back.value == s.main.action.value
+
+
+def test_a_short_agent_budget_does_not_fail_the_expert_plan():
+    """online.max_steps below the expert's trajectory length: needs_convention (run for every
+    online episode) plans with the expert's own budget instead of raising."""
+    for platform in ("desktop", "mobile"):
+        for seed in range(6):
+            full = make_env(platform, seed)
+            short = make_env(platform, seed, max_steps=1)
+            assert short.needs_convention() == full.needs_convention()
+            assert len(short.expert_trajectory()) == len(full.expert_trajectory())

@@ -13,7 +13,8 @@ IMAGE, VSTART, VEND = 290, 292, 293
 VOCAB = 300
 
 
-def build_hf(family: str, *, tie: bool = False, seed: int = 0):
+def build_hf(family: str, *, tie: bool = False, seed: int = 0, text: dict | None = None):
+  """A tiny random model; ``text`` overrides keys of its text config (vocab_size, ...)."""
   from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen3VLConfig,
                             Qwen3VLForConditionalGeneration)
   torch.manual_seed(seed)
@@ -21,10 +22,10 @@ def build_hf(family: str, *, tie: bool = False, seed: int = 0):
              tie_word_embeddings=tie)
   if family == "qwen2_5_vl":
     cfg = Qwen2_5_VLConfig(
-        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        text_config=dict(dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
                          rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 3, 3]),
-                         bos_token_id=None, eos_token_id=None),
+                         bos_token_id=None, eos_token_id=None), **(text or {})),
         # window 56 px = 2x2 merged units: a 4x6-unit image has several (edge) windows.
         vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
                            patch_size=14, window_size=56, fullatt_block_indexes=[1]),
@@ -32,9 +33,10 @@ def build_hf(family: str, *, tie: bool = False, seed: int = 0):
     model = Qwen2_5_VLForConditionalGeneration(cfg)
   else:
     cfg = Qwen3VLConfig(
-        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+        text_config=dict(dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_bias=False,
                          rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 3, 3])),
+                         **(text or {})),
         vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
                            patch_size=14, num_position_embeddings=16, deepstack_visual_indexes=[0, 1]),
         **ids)

@@ -1,0 +1,48 @@
+"""Small statistics of evaluation results: Wilson score intervals and Spearman's rank
+correlation (pure functions, no scipy)."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from guilibra_jax.eval.report import pearson
+
+Z95 = 1.959963984540054     # the standard normal's 97.5% quantile
+
+
+def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval (default 95%) of a success rate ``successes / n``;
+    (0, 1) when ``n`` is 0."""
+    if n <= 0:
+        return 0.0, 1.0
+    if not 0 <= successes <= n:
+        raise ValueError(f"wilson: {successes} successes out of {n}")
+    p = successes / n
+    z2 = z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def ranks(xs: Sequence[float]) -> list[float]:
+    """1-based ranks, ties given their average rank."""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    out = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Spearman's rho (Pearson's r of the tie-averaged ranks); None for fewer than 3
+    points or a constant side."""
+    if len(xs) != len(ys):
+        raise ValueError(f"spearman: {len(xs)} x values but {len(ys)} y values")
+    return pearson(ranks(xs), ranks(ys))

@@ -1,0 +1,201 @@
+"""The studies' reports (``launch.study``): tables from the eval stages' ``report.json``
+and the training runs' ``metrics.jsonl``, written as ``results.json``, ``report.md`` and
+PNG figures into the study's workdir.
+
+    mopd_report(root, study)       UI-MOPD's table: online success per platform with 95%
+                                   Wilson intervals, offline step accuracy, the paper's rows
+    guilibra_report(root, study)   ASFT ablations; GRPO arms: curves, every checkpoint's
+                                   offline and online scores, Spearman offline vs online
+
+``study`` is the recipe module (``configs/study_<name>.py``): its model / run names and
+the paper's numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from guilibra_jax.eval import figures as F
+from guilibra_jax.eval.report import plot_points
+from guilibra_jax.eval.stats import spearman, wilson
+from guilibra_jax.train.curves import read_metrics, series
+
+RESULTS, REPORT = "results.json", "report.md"
+
+
+def _eval_entries(root: str, name: str) -> list[dict]:
+    with open(os.path.join(root, f"eval_{name}", "report.json")) as f:
+        return json.load(f)["checkpoints"]
+
+
+def scores(entry: dict, platforms) -> dict[str, Any]:
+    """One evaluated model: per platform the online episodes, successes, rate and 95%
+    interval, and the offline step / grounding / action-type accuracy; overall too."""
+    on, off = entry["online"]["by_platform"], entry["offline"]["by_platform"]
+    out: dict[str, Any] = {}
+    for p in platforms:
+        n = int(on.get(p, {}).get("episodes") or 0)
+        rate = on.get(p, {}).get("success_rate")
+        k = int(round((rate or 0.0) * n))
+        o = off.get(p, {})
+        out[p] = {"episodes": n, "successes": k, "success_rate": rate, "ci95": list(wilson(k, n)),
+                  "offline_step_success": o.get("step_success"),
+                  "offline_grounding_accuracy": o.get("grounding_accuracy"),
+                  "offline_action_type_accuracy": o.get("action_type_accuracy")}
+    ov, oo = entry["online"]["overall"], entry["offline"]["overall"]
+    n = int(ov.get("episodes") or 0)
+    k = int(round((ov.get("success_rate") or 0.0) * n))
+    out["overall"] = {"episodes": n, "successes": k, "success_rate": ov.get("success_rate"),
+                      "ci95": list(wilson(k, n)), "offline_step_success": oo.get("step_success"),
+                      "offline_grounding_accuracy": oo.get("grounding_accuracy"),
+                      "offline_action_type_accuracy": oo.get("action_type_accuracy"),
+                      "offline_steps": oo.get("n")}
+    return out
+
+
+def _fmt(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _cell(s: dict) -> str:
+    lo, hi = s["ci95"]
+    return f"{_fmt(s['success_rate'])} [{lo:.2f}, {hi:.2f}] ({s['successes']}/{s['episodes']})"
+
+
+def _points(name: str, sc: dict, platforms, series_name: str | None = None) -> list[dict]:
+    return [{"name": name, "series": series_name, "platform": p, "offline_step_success": sc[p]["offline_step_success"],
+             "online_success": sc[p]["success_rate"]} for p in platforms
+            if sc[p]["offline_step_success"] is not None and sc[p]["success_rate"] is not None]
+
+
+def _write(root: str, results: dict, lines: list[str]) -> dict:
+    with open(os.path.join(root, RESULTS), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(root, REPORT), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return results
+
+
+def _curve(root: str, run: str, key: str) -> list[tuple[float, float]]:
+    path = os.path.join(root, run, "metrics.jsonl")
+    return series(read_metrics(path), key) if os.path.exists(path) else []
+
+
+def _beats(a: dict, b: dict, strict: bool = False) -> str:
+    """'yes' / 'no' for a >= b (a > b when ``strict``), noting when the 95% intervals overlap."""
+    ra, rb = a["success_rate"] or 0, b["success_rate"] or 0
+    ge = ra > rb if strict else ra >= rb
+    overlap = a["ci95"][0] <= b["ci95"][1] and b["ci95"][0] <= a["ci95"][1]
+    return ("yes" if ge else "no") + (" (intervals overlap)" if overlap else "")
+
+
+# ----------------------------------------------------------------------------- UI-MOPD
+
+def mopd_report(root: str, study) -> dict:
+    P = study.PLATFORMS
+    rows = {m: scores(_eval_entries(root, m)[0], P) for m in study.MODELS}
+    claims = {}
+    for other in ("mixed_sft", "merge_average", "merge_ties", "base"):
+        for p in P:
+            op = ">" if other == "base" else ">="
+            claims[f"mopd {op} {other} on {p}"] = _beats(rows["mopd"][p], rows[other][p], strict=op == ">")
+    results = {"study": "mopd", "models": rows, "paper": {k: dict(zip(P, v)) for k, v in study.PAPER.items()},
+               "claims": claims}
+    figs = {
+        "online": F.bars(os.path.join(root, "online_by_platform.png"), "online task success (95% Wilson intervals)",
+                         list(study.MODELS), list(P), [[rows[m][p]["success_rate"] for p in P] for m in study.MODELS],
+                         [[tuple(rows[m][p]["ci95"]) for p in P] for m in study.MODELS]),
+        "mopd_reward": F.lines(os.path.join(root, "mopd_reward.png"), "MOPD student: rollout reward",
+                               [("all", _curve(root, "mopd", "reward_mean"))]
+                               + [(p, _curve(root, "mopd", f"{p}/reward_mean")) for p in P]),
+        "mopd_kl": F.lines(os.path.join(root, "mopd_kl.png"), "MOPD student: K3 to its platform's teacher",
+                           [("kl", _curve(root, "mopd", "kl"))]),
+    }
+    pts = [pt for m in study.MODELS for pt in _points(m, rows[m], P)]
+    plot_points(pts, os.path.join(root, "offline_vs_online.png"))
+    figs["offline_vs_online"] = os.path.join(root, "offline_vs_online.png")
+    results["figures"] = {k: os.path.basename(v) for k, v in figs.items()}
+    lines = ["# UI-MOPD study on the synthetic world", "",
+             "Online task success on held-out task seeds (rate [95% Wilson interval] (successes/episodes)) and "
+             "offline greedy step accuracy on held-out steps. Paper: Qwen3-VL-8B student, 32B teachers, "
+             "OSWorld (desktop) / MobileWorld (mobile) success in %.", "",
+             "| model | " + " | ".join(f"{p} online" for p in P) + " | " + " | ".join(f"{p} offline" for p in P)
+             + " | offline (all) | paper " + " / ".join(P) + " |",
+             "|" + "---|" * (3 + 2 * len(P))]
+    for m in study.MODELS:
+        r = rows[m]
+        paper = study.PAPER.get(m) or (study.PAPER["teachers"] if m.startswith("teacher_") else None)
+        lines.append(f"| {m} | " + " | ".join(_cell(r[p]) for p in P) + " | "
+                     + " | ".join(_fmt(r[p]["offline_step_success"]) for p in P)
+                     + f" | {_fmt(r['overall']['offline_step_success'])} | "
+                     + (" / ".join(f"{v:.1f}" for v in paper) if paper else "-") + " |")
+    lines += ["", "The paper's ordering (UI-MOPD at or above mixed SFT and both merges on both platforms, "
+              "above the base):", ""] + [f"- {k}: {v}" for k, v in claims.items()]
+    lines += ["", "Figures: " + ", ".join(f"![{k}]({v})" for k, v in results["figures"].items())]
+    return _write(root, results, lines)
+
+
+# ----------------------------------------------------------------------------- GUI-Libra
+
+def guilibra_report(root: str, study) -> dict:
+    P = ("desktop", "mobile")
+    sft = {a: scores(_eval_entries(root, a)[0], P) for a in study.SFT}
+    start = sft[study.SFT[0]]
+    arms: dict[str, Any] = {}
+    pts = []
+    for arm in study.GRPO:
+        entries = _eval_entries(root, arm)
+        ckpts = [(0, start)] + [(int(e["name"].split("@")[1]), scores(e, P)) for e in entries]
+        off = [s["overall"]["offline_step_success"] for _, s in ckpts]
+        on = [s["overall"]["success_rate"] for _, s in ckpts]
+        kl = _curve(root, arm, "kl")
+        reward = _curve(root, arm, "reward_mean")
+        arms[arm] = {"checkpoints": [{"step": st, **s} for st, s in ckpts],
+                     "spearman_offline_vs_online": spearman(off, on),
+                     "final_kl": kl[-1][1] if kl else None,
+                     "reward_first_last": [reward[0][1], reward[-1][1]] if reward else None}
+        for st, s in ckpts:
+            pts += _points(f"{arm}@{st}", s, P, arm)
+    results = {"study": "guilibra", "asft": sft, "grpo": arms}
+    figs = {
+        "asft_offline": F.bars(os.path.join(root, "asft_offline.png"), "ASFT ablations: held-out offline accuracy",
+                               list(study.SFT), ["step", "grounding", "action type"],
+                               [[sft[a]["overall"][k] for k in ("offline_step_success", "offline_grounding_accuracy",
+                                                                "offline_action_type_accuracy")] for a in study.SFT],
+                               [[None] * 3 for _ in study.SFT], y_label="accuracy"),
+        "asft_online": F.bars(os.path.join(root, "asft_online.png"), "ASFT ablations: online success (95% Wilson)",
+                              list(study.SFT), list(P), [[sft[a][p]["success_rate"] for p in P] for a in study.SFT],
+                              [[tuple(sft[a][p]["ci95"]) for p in P] for a in study.SFT]),
+        "grpo_reward": F.lines(os.path.join(root, "grpo_reward.png"), "GRPO arms: rollout reward",
+                               [(a, _curve(root, a, "reward_mean")) for a in study.GRPO]),
+        "grpo_kl": F.lines(os.path.join(root, "grpo_kl.png"), "GRPO arms: KL to the SFT start",
+                           [(a, _curve(root, a, "kl")) for a in study.GRPO]),
+    }
+    plot_points(pts, os.path.join(root, "offline_vs_online.png"), title="checkpoints: offline vs online")
+    figs["offline_vs_online"] = os.path.join(root, "offline_vs_online.png")
+    results["figures"] = {k: os.path.basename(v) for k, v in figs.items()}
+    lines = ["# GUI-Libra study on the synthetic world", "", "## ASFT ablations (held-out)", "",
+             "| run | offline step | grounding | action type | " + " | ".join(f"{p} online" for p in P) + " |",
+             "|" + "---|" * (4 + len(P))]
+    for a in study.SFT:
+        o = sft[a]["overall"]
+        lines.append(f"| {a} | {_fmt(o['offline_step_success'])} | {_fmt(o['offline_grounding_accuracy'])} | "
+                     f"{_fmt(o['offline_action_type_accuracy'])} | " + " | ".join(_cell(sft[a][p]) for p in P) + " |")
+    lines += ["", f"## GRPO from {study.SFT[0]}: beta x SNGS", "",
+              "| arm | checkpoints (step: offline / online) | Spearman offline vs online | final KL | reward first -> last |",
+              "|---|---|---|---|---|"]
+    for arm, r in arms.items():
+        ck = ", ".join(f"{c['step']}: {_fmt(c['overall']['offline_step_success'])} / "
+                       f"{_fmt(c['overall']['success_rate'])}" for c in r["checkpoints"])
+        rf = r["reward_first_last"]
+        lines.append(f"| {arm} | {ck} | {_fmt(r['spearman_offline_vs_online'])} | {_fmt(r['final_kl'], 4)} | "
+                     + (f"{rf[0]:.2f} -> {rf[1]:.2f}" if rf else "-") + " |")
+    lines += ["", "Paper's claim: beta > 0 keeps offline scores predictive of online success (a higher Spearman "
+              "than beta = 0); GRPO raises online success over its SFT start without losing held-out offline "
+              "accuracy.", "", "Figures: " + ", ".join(f"![{k}]({v})" for k, v in results["figures"].items())]
+    return _write(root, results, lines)
+
+
+REPORTS = {"mopd": mopd_report, "guilibra": guilibra_report}

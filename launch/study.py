@@ -1,0 +1,124 @@
+"""Reproduce a paper's comparison on the synthetic world in one command:
+
+    python -m launch.study --study=mopd --workdir=runs/study_mopd [--smoke]
+    python -m launch.study --study=guilibra --workdir=runs/study_guilibra [--smoke]
+
+A thin driver over the trainers (``launch.train``), ``launch.merge`` and ``launch.eval``:
+the stages and their configs are the recipe ``configs/study_<study>.py`` (its
+``plan()``); each stage runs in its own folder ``WORKDIR/<stage>`` with the library
+calls those launchers make, in this one process. A stage that finished leaves
+``study_stage.json`` there and is skipped by a rerun; an interrupted training stage
+resumes from its latest checkpoint (the trainer's own resume), an interrupted merge or
+evaluation starts again. When every stage is done the study writes ``results.json``,
+``report.md`` and PNG figures into WORKDIR (``guilibra_jax.eval.study_report``).
+``--smoke`` runs every stage for a couple of steps (tests).
+"""
+
+import importlib
+import json
+import logging
+import os
+import time
+
+from absl import flags
+
+from launch import cli, recipes
+
+__doc__ += recipes.help_text("study")
+
+STUDIES = ("mopd", "guilibra")
+_STUDY = flags.DEFINE_enum("study", None, list(STUDIES), "Which paper's comparison: mopd (UI-MOPD) or guilibra.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Study folder: one subfolder per stage, the report.")
+_SMOKE = flags.DEFINE_bool("smoke", False, "Every stage for a couple of steps, tiny evaluations (tests).")
+_ONLY = flags.DEFINE_list("stages", None, "Run only these stages (and write no report); default: all.")
+flags.mark_flags_as_required(["study", "workdir"])
+
+DONE = "study_stage.json"
+LOG = "study_log.jsonl"
+
+
+def _train(config, workdir: str) -> None:
+    """What ``launch.train`` does with a config: validate, then the method's trainer."""
+    import jax
+
+    from guilibra_jax.errors import UserError
+    from guilibra_jax.train import config as run_config
+    from guilibra_jax.train import loop, rl_loop
+
+    run_config.validate(config)
+    run_config.validate(config, jax.device_count(), jax.process_count())
+    (loop.train if config.method == "sft" else rl_loop.train_rl)(config, workdir)
+    if config.train.export and not os.path.exists(os.path.join(config.train.export_dir or
+                                                               os.path.join(workdir, "export"), "config.json")):
+        raise UserError(f"stage {workdir}: the run stopped before its last step (no export); rerun the study to "
+                        f"resume it")
+
+
+def run_stage(stage: dict, root: str) -> dict:
+    """Run ``stage`` (one entry of the recipe's plan) in ``root/<name>`` unless it is done."""
+    from guilibra_jax.errors import UserError
+
+    workdir = os.path.join(root, stage["name"])
+    marker = os.path.join(workdir, DONE)
+    if os.path.exists(marker):
+        logging.info("study: %s done earlier, skipped", stage["name"])
+        with open(marker) as f:
+            return json.load(f)
+    logging.info("study: %s (%s) ...", stage["name"], stage["kind"])
+    t0 = time.time()
+    if stage["kind"] == "train":
+        _train(stage["config"], workdir)
+    elif stage["kind"] == "merge":
+        from guilibra_jax.train.merge import merge_folders
+        merge_folders(stage["method"], stage["inputs"], workdir, weights=stage.get("weights"),
+                      base=stage.get("base", ""), density=stage.get("density", 0.2))
+    elif stage["kind"] == "eval":
+        from guilibra_jax.eval.run import run_eval
+        run_eval(stage["config"], workdir)
+    else:
+        raise UserError(f"study plan: stage {stage['name']!r} has unknown kind {stage['kind']!r}")
+    done = {"stage": stage["name"], "kind": stage["kind"], "seconds": round(time.time() - t0, 1)}
+    with open(marker, "w") as f:
+        json.dump(done, f)
+    with open(os.path.join(root, LOG), "a") as f:
+        f.write(json.dumps({**done, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
+    logging.info("study: %s finished in %.0f s", stage["name"], done["seconds"])
+    return done
+
+
+def run_study(study: str, root: str, smoke: bool = False, only: list[str] | None = None) -> dict | None:
+    """Every stage of ``configs/study_<study>.py`` in order, then the report (None when
+    ``only`` names a subset of the stages)."""
+    from guilibra_jax.errors import UserError
+    from guilibra_jax.eval.study_report import REPORTS
+
+    if study not in STUDIES:
+        raise UserError(f"--study={study!r} is invalid: expected one of {STUDIES}")
+    module = importlib.import_module(f"configs.study_{study}")
+    root = os.path.abspath(root)
+    os.makedirs(root, exist_ok=True)
+    stages = module.plan(root, smoke)
+    names = [s["name"] for s in stages]
+    unknown = sorted(set(only or ()) - set(names))
+    if unknown:
+        raise UserError(f"--stages: {unknown} are not stages of the {study} study: {names}")
+    for stage in stages:
+        if only is None or stage["name"] in only:
+            run_stage(stage, root)
+    if only is not None:
+        return None
+    return REPORTS[study](root, module)
+
+
+def main(argv):
+    del argv
+    logging.getLogger().setLevel(logging.INFO)
+    for noisy in ("absl", "orbax", "jax", "grain"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    results = run_study(_STUDY.value, _WORKDIR.value, _SMOKE.value, _ONLY.value)
+    if results is not None:
+        print(os.path.join(os.path.abspath(_WORKDIR.value), "report.md"))
+
+
+if __name__ == "__main__":
+    cli.run(main)

@@ -1,0 +1,193 @@
+"""launch.study --smoke: every stage of a study runs for a couple of steps; the report's
+numbers are the eval stages' own episodes (Wilson intervals recounted here); a rerun
+skips finished stages and resumes an interrupted training stage from its checkpoint."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from guilibra_jax.eval.stats import spearman, wilson
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def xla_cache(tmp_path_factory):
+  """One compilation cache for the module's studies: their stages share programs."""
+  return str(tmp_path_factory.mktemp("xla_cache"))
+
+
+def _study(study, workdir, cache, *extra):
+  env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "JAX_PLATFORMS": "cpu",
+         "JAX_COMPILATION_CACHE_DIR": cache}
+  r = subprocess.run([sys.executable, "-m", "launch.study", f"--study={study}", f"--workdir={workdir}", "--smoke",
+                      *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+  assert r.returncode == 0, r.stderr[-4000:]
+  return r
+
+
+def _log(workdir):
+  with open(os.path.join(workdir, "study_log.jsonl")) as f:
+    return [json.loads(line)["stage"] for line in f]
+
+
+def _online_counts(eval_dir, entry="checkpoint"):
+  """(successes, episodes) per platform, counted from the eval's per-episode file."""
+  with open(os.path.join(eval_dir, f"online_{entry}.json")) as f:
+    episodes = json.load(f)["episodes"]
+  out = {}
+  for e in episodes:
+    k, n = out.get(e["platform"], (0, 0))
+    out[e["platform"]] = (k + int(bool(e["success"])), n + 1)
+  return out
+
+
+def test_mopd_study_smoke_runs_every_stage_reports_and_resumes(tmp_path, xla_cache):
+  from configs import study_mopd as S
+  wd = str(tmp_path / "mopd")
+  _study("mopd", wd, xla_cache)
+  stages = [s["name"] for s in S.plan(wd, smoke=True)]
+  assert _log(wd) == stages
+  with open(os.path.join(wd, "results.json")) as f:
+    res = json.load(f)
+  assert set(res["models"]) == set(S.MODELS)
+  for m in S.MODELS:
+    for p, (k, n) in _online_counts(os.path.join(wd, f"eval_{m}")).items():
+      row = res["models"][m][p]
+      assert (row["successes"], row["episodes"]) == (k, n) and row["ci95"] == list(wilson(k, n))
+  assert res["paper"]["mopd"] == {"desktop": 38.2, "mobile": 12.0}
+  report = open(os.path.join(wd, "report.md")).read()
+  assert "| merge_ties |" in report and "mopd >= mixed_sft on mobile" in report
+  for png in res["figures"].values():
+    assert os.path.getsize(os.path.join(wd, png)) > 1000
+  with open(os.path.join(wd, "merge_ties", "merge.json")) as f:
+    assert json.load(f)["base"] == os.path.join(wd, "base")
+  # a rerun skips every finished stage; an interrupted MOPD stage (no export, no marker) resumes
+  shutil.rmtree(os.path.join(wd, "mopd", "export"))
+  os.remove(os.path.join(wd, "mopd", "study_stage.json"))
+  # a workdir without an export merges from its latest checkpoint (launch.merge, as a user would)
+  merged = str(tmp_path / "merged")
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+  m = subprocess.run([sys.executable, "-m", "launch.merge", "--method=average",
+                      f"--inputs={wd}/mopd,{wd}/base/export", f"--out={merged}"],
+                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert m.returncode == 0, m.stderr[-3000:]
+  r = _study("mopd", wd, xla_cache)
+  assert _log(wd) == stages + ["mopd"]
+  assert "resum" in r.stderr.lower() and os.path.exists(os.path.join(wd, "mopd", "export", "config.json"))
+  import numpy as np
+  from safetensors.numpy import load_file
+  got, a, b = (load_file(os.path.join(d, "model.safetensors"))
+               for d in (merged, f"{wd}/mopd/export", f"{wd}/base/export"))
+  assert sorted(got) == sorted(a)
+  for k in a:   # the checkpoint the rerun exported, averaged with the base
+    np.testing.assert_allclose(got[k], 0.5 * (a[k].astype(np.float64) + b[k]), rtol=0, atol=1e-6)
+  for f in ("tokenizer.json", "run_config.json", "generation_config.json", "preprocessor_config.json"):
+    assert os.path.exists(os.path.join(merged, f)), f
+
+
+@pytest.mark.slow   # ~2.5 min of CPU: the mopd smoke covers the driver, the report test below this report
+def test_guilibra_study_smoke_reports_every_arm(tmp_path, xla_cache):
+  from configs import study_guilibra as S
+  wd = str(tmp_path / "guilibra")
+  _study("guilibra", wd, xla_cache)
+  assert _log(wd) == [s["name"] for s in S.plan(wd, smoke=True)]
+  with open(os.path.join(wd, "results.json")) as f:
+    res = json.load(f)
+  assert set(res["asft"]) == set(S.SFT) and set(res["grpo"]) == set(S.GRPO)
+  for arm, r in res["grpo"].items():
+    steps = [c["step"] for c in r["checkpoints"]]
+    assert steps == [0, 1, 2], (arm, steps)           # the SFT start, then every kept checkpoint
+    off = [c["overall"]["offline_step_success"] for c in r["checkpoints"]]
+    on = [c["overall"]["success_rate"] for c in r["checkpoints"]]
+    assert r["spearman_offline_vs_online"] == spearman(off, on)
+  for png in res["figures"].values():
+    assert os.path.getsize(os.path.join(wd, png)) > 1000
+
+
+def test_unknown_stage_is_a_one_line_error(tmp_path):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  r = subprocess.run([sys.executable, "-m", "launch.study", "--study=mopd", f"--workdir={tmp_path}", "--smoke",
+                      "--stages=nope"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 2 and "error: --stages: ['nope'] are not stages of the mopd study" in r.stderr
+
+
+@pytest.mark.parametrize("study", ["mopd", "guilibra"])
+def test_every_full_size_stage_config_validates(study, tmp_path):
+  """The full-size stage configs (run once the folders of earlier stages exist) validate;
+  stages refer only to folders of earlier stages of the plan."""
+  import importlib
+
+  from guilibra_jax.train import config as run_config
+  module = importlib.import_module(f"configs.study_{study}")
+  root = str(tmp_path)
+  earlier = set()
+  for stage in module.plan(root):
+    refs = []
+    if stage["kind"] == "train":
+      c = stage["config"]
+      refs = [c.model.hf_path, c.tokenizer.path, *dict(c.rl.teachers).values()]
+    elif stage["kind"] == "merge":
+      refs = [*stage["inputs"], stage.get("base", "")]
+    else:
+      k = stage["config"].agent_kwargs.checkpoint
+      refs = [k.hf_path, k.workdir]
+    for ref in filter(None, refs):
+      assert os.path.relpath(ref, root).split(os.sep)[0] in earlier, (stage["name"], ref)
+      os.makedirs(ref, exist_ok=True)
+    if stage["kind"] == "train":
+      run_config.validate(stage["config"])
+    earlier.add(stage["name"])
+
+
+def _entry(name, rng, series=None):
+  """An evaluated model as eval.run passes it to the report (random scores)."""
+  def off(n):
+    return {"step_success": rng.random(), "grounding_accuracy": rng.random(), "action_type_accuracy": rng.random(),
+            "n": n}
+  plats = ("desktop", "mobile")
+  k = {p: int(rng.integers(0, 11)) for p in plats}
+  e = {"name": name, "offline": {"overall": off(40), "by_platform": {p: off(20) for p in plats}, "by_action_type": {}},
+       "online": {"overall": {"episodes": 20, "success_rate": sum(k.values()) / 20},
+                  "by_platform": {p: {"episodes": 10, "success_rate": k[p] / 10} for p in plats}}}
+  return {**e, "series": series} if series else e
+
+
+def test_guilibra_report_from_eval_reports(tmp_path):
+  """The GUI-Libra report reads the eval stages' report.json files (written by eval.report):
+  each arm's points are the SFT start (step 0) then its checkpoints, Spearman as scipy's."""
+  import numpy as np
+  stats = pytest.importorskip("scipy.stats")
+  from configs import study_guilibra as S
+  from guilibra_jax.eval.report import write_report
+  from guilibra_jax.eval.study_report import guilibra_report
+  rng = np.random.default_rng(0)
+  root = str(tmp_path)
+  sft = {a: _entry("checkpoint", rng) for a in S.SFT}
+  for a, e in sft.items():
+    write_report(os.path.join(root, f"eval_{a}"), [e], connect=False)
+  arms = {}
+  for arm in S.GRPO:
+    arms[arm] = [_entry(f"checkpoint@{s}", rng, "checkpoint") for s in (15, 30, 45, 60)]
+    write_report(os.path.join(root, f"eval_{arm}"), arms[arm], connect=False)
+    os.makedirs(os.path.join(root, arm))
+    with open(os.path.join(root, arm, "metrics.jsonl"), "w") as f:
+      for s in range(1, 61):
+        f.write(json.dumps({"step": s, "reward_mean": s / 60, "kl": s / 600}) + "\n")
+  res = guilibra_report(root, S)
+  start = sft[S.SFT[0]]
+  for arm, entries in arms.items():
+    r = res["grpo"][arm]
+    assert [c["step"] for c in r["checkpoints"]] == [0, 15, 30, 45, 60]
+    off = [e["offline"]["overall"]["step_success"] for e in [start] + entries]
+    on = [e["online"]["overall"]["success_rate"] for e in [start] + entries]
+    assert r["spearman_offline_vs_online"] == pytest.approx(stats.spearmanr(off, on).statistic)
+    assert r["final_kl"] == pytest.approx(0.1) and r["reward_first_last"] == pytest.approx([1 / 60, 1.0])
+  k = round(sft["asft_a1g1"]["online"]["by_platform"]["mobile"]["success_rate"] * 10)
+  assert res["asft"]["asft_a1g1"]["mobile"]["ci95"] == list(wilson(k, 10))
+  assert "| asft_release |" in open(os.path.join(root, "report.md")).read()
+  for png in res["figures"].values():
+    assert os.path.getsize(os.path.join(root, png)) > 1000
