@@ -91,7 +91,7 @@ def _online_rl(arg: str):
         c.rl.online.workers = 2
         c.data.batch_size = 2
         c.rl.online.tasks = ("click-test", "click-button", "enter-text")
-        c.rl.online.max_steps = 3
+        c.rl.online.max_steps = 2      # every episode ends by step 2: the episode log is written
         c.rl.group_size = 4
         c.rl.max_new_tokens = 16
         c.rl.minibatches = 1

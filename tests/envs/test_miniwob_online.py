@@ -207,6 +207,7 @@ def test_grpo_on_live_pages_runs_logs_episodes_and_resumes(tokenizer_dir, tmp_pa
     for r in steps:
         assert {"online/episodes", "online/env_steps", "online/step_reward", "loss", "kl"} <= set(r)
         assert r["online/env_steps"] == 2 * r["step"]          # two slots, one step each per rollout
+    assert steps[-1]["online/episodes"] + steps[-1]["online/abandoned"] >= 2   # max_steps 2: all ended
     log2 = _launch(workdir, tokenizer_dir, cache)               # the same command again: resumes, replays
     assert "resumed from step 2" in log2
     episodes = [json.loads(l) for l in open(os.path.join(workdir, "online_episodes.jsonl"))]
