@@ -72,7 +72,7 @@ def _online_rl(arg: str):
     c.data.batch_size = 4            # = rl.online.workers: one prompt per live episode
     c.rl.online.tasks = ()           # all 35 tasks with an expert
     c.rl.online.scale = 1.0          # as the demos (max_pixels 33,600)
-    c.rl.online.max_steps = 10
+    c.rl.online.max_steps = 0        # each task's own limit (10; click-checkboxes-large 16), as launch.eval
     c.rl.group_size = 8
     c.rl.max_new_tokens = 64         # a direct answer is ~20-40 tokens of the demo BPE
     c.rl.top_p = 1.0

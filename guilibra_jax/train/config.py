@@ -110,7 +110,8 @@ def base_config() -> mlc.ConfigDict:
         online=dict(workers=2,     # browser processes per process (one live episode, one prompt each)
                     tasks=(),      # task names; () = every task with an expert (envs.miniwob.TASKS)
                     scale=1.0,     # device pixels per CSS pixel (1: 160 x 210 screenshots)
-                    max_steps=10), # an episode ends (failed) after this many actions
+                    max_steps=0),  # an episode ends (failed) after this many actions; 0 = the task's
+                                   # own limit (envs.miniwob.env: 10, click-checkboxes-large 16)
     ))
     c.mesh = mlc.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
     # What the recipe is sized for: launch.plan's defaults (devices = hosts * devices_per_host,
@@ -289,7 +290,7 @@ RULES: dict[str, K.Check] = {
     "rl.online.workers": K.integer(1, note="(browser processes per process)"),
     "rl.online.tasks": K.strings("MiniWoB++ task names with an expert; () = all of envs.miniwob.TASKS"),
     "rl.online.scale": K.number(0, lo_open=True, note="(device pixels per CSS pixel)"),
-    "rl.online.max_steps": K.integer(1),
+    "rl.online.max_steps": K.integer(0, note="(0 = the task's own limit)"),
     "mesh.data": K.Check(lambda v: isinstance(v, int) and (v >= 1 or v == -1), "a positive size or -1"),
     "mesh.fsdp": K.Check(lambda v: isinstance(v, int) and (v >= 1 or v == -1), "a positive size or -1"),
     "mesh.tensor": K.Check(lambda v: isinstance(v, int) and (v >= 1 or v == -1), "a positive size or -1"),

@@ -186,6 +186,19 @@ def test_restored_source_replays_the_same_pages(pool, tokenizer_dir, tmp_path):
     assert again.schedule.state() == src.schedule.state()
 
 
+@browser
+def test_pool_workers_outlive_signals_meant_for_the_trainer(pool):
+    """Ctrl-C / timeout / a scheduler's SIGTERM to the trainer's process group must leave the
+    browsers alive: the preemption checkpoint reads the pool's state after the signal."""
+    import signal
+    before = pool.state()
+    for p in pool._procs:
+        assert os.getpgid(p.pid) != os.getpgid(0)          # not in the trainer's group
+        os.kill(p.pid, signal.SIGTERM)
+        os.kill(p.pid, signal.SIGINT)
+    assert pool.state() == before and all(p.is_alive() for p in pool._procs)
+
+
 # ----------------------------------------------------------------------------- launch.train
 def _launch(workdir, tokenizer_dir, cache, *extra):
     cmd = [sys.executable, "-m", "launch.train", "--config=configs/miniwob.py:rl_smoke", f"--workdir={workdir}",
