@@ -19,19 +19,38 @@ Recipes (``:arg``):
   (``--config.mesh.fsdp=1 --config.data.batch_size=8 --config.train.grad_accum=4``).
   Not run here (no GPU in this task).
 - ``smoke``: a few steps, for tests.
+- ``rl``: stage 2, GUI-Libra's conservative GRPO on live MiniWoB++ pages (``rl.world=miniwob``,
+  ``guilibra_jax/train/online.py``) from the ``cpu`` run's export (``model.hf_path`` default
+  ``runs/miniwob_sft/export``, or ``$GUILIBRA_MINIWOB_SFT_EXPORT``; its tokenizer comes with
+  it). 4 browser workers, one live episode each: every step samples 8 responses per live
+  state, rewards them with the verifier against the DOM expert's action in that state,
+  steps each episode with the first response and restarts finished ones on the next train
+  seed (``rl.online.tasks`` () = all 35 tasks). The reference is the SFT policy (kl_beta 0.1),
+  lr 1e-4 constant, 200 steps; episodes land in ``workdir/online_episodes.jsonl``::
+
+      python -m launch.train --config=configs/miniwob.py:rl --workdir=runs/miniwob_rl
+      python -m launch.eval --config=configs/eval_demo.py --workdir=runs/miniwob_rl_eval \
+          --config.world=miniwob --config.online.episodes=10 \
+          --config.agents='("random_click","checkpoint")' --config.agent_kwargs.checkpoint.workdir=runs/miniwob_rl
+
+- ``rl_smoke``: 2 steps of a random tiny policy on 3 tasks with 2 browsers (tests; set
+  ``tokenizer.path``).
 
 ``data.train_files`` / ``data.eval_files`` point at ``runs/miniwob_demos``; override both to
-use another folder. Online RL in the browser (``envs.miniwob.pool``) comes with the RL loop.
+use another folder (the ``rl`` recipes read no records: their prompts are live pages).
 
 Hardware: 1 x CPU (``cpu``, ``smoke``); 1 x 8 H100 80GB (the Qwen-VL sizes).
 """
+
+import os
 
 from configs import demo
 from guilibra_jax.train.config import H100_1x8, base_config, hardware
 
 DEMOS = "runs/miniwob_demos"
 GPU = {"qwen2_5_vl_3b": "qwen2_5_vl", "qwen3_vl_4b": "qwen3_vl"}
-ARGS = ("cpu", "smoke", "qwen2_5_vl_3b", "qwen3_vl_4b")
+ARGS = ("cpu", "smoke", "rl", "rl_smoke", "qwen2_5_vl_3b", "qwen3_vl_4b")
+SFT_EXPORT = "runs/miniwob_sft/export"
 
 
 def _demo_data(c) -> None:
@@ -42,7 +61,49 @@ def _demo_data(c) -> None:
     c.data.mix = "both"
 
 
+def _online_rl(arg: str):
+    """GRPO on live pages from the cpu recipe's model and prompt settings."""
+    c = get_config("smoke" if arg == "rl_smoke" else "cpu")
+    c.method = "grpo"
+    c.rl.world = "miniwob"
+    c.model.hf_path = os.environ.get("GUILIBRA_MINIWOB_SFT_EXPORT", SFT_EXPORT)
+    c.data.mix = "direct"
+    c.rl.online.workers = 4
+    c.data.batch_size = 4            # = rl.online.workers: one prompt per live episode
+    c.rl.online.tasks = ()           # all 35 tasks with an expert
+    c.rl.online.scale = 1.0          # as the demos (max_pixels 33,600)
+    c.rl.online.max_steps = 0        # each task's own limit (10; click-checkboxes-large 16), as launch.eval
+    c.rl.group_size = 8
+    c.rl.max_new_tokens = 64         # a direct answer is ~20-40 tokens of the demo BPE
+    c.rl.top_p = 1.0
+    c.rl.kl_beta = 0.1               # grpo_demo's trust region
+    c.rl.minibatches = 2
+    c.rl.reward.value_rule = "release"
+    c.optim.lr = 1e-4
+    c.optim.warmup_steps = 0
+    c.optim.schedule = "constant"
+    c.train.steps = 200
+    c.train.log_every = 1
+    c.train.checkpoint_every = 25
+    c.train.eval_every = 0           # online success: launch.eval --config.world=miniwob (see above)
+    if arg == "rl_smoke":            # a random tiny policy: set tokenizer.path
+        c.model.hf_path = ""
+        c.rl.online.workers = 2
+        c.data.batch_size = 2
+        c.rl.online.tasks = ("click-test", "click-button", "enter-text")
+        c.rl.online.max_steps = 2      # every episode ends by step 2: the episode log is written
+        c.rl.group_size = 4
+        c.rl.max_new_tokens = 16
+        c.rl.minibatches = 1
+        c.train.steps = 2
+        c.train.checkpoint_every = 1
+        c.train.memory_plan = False
+    return c
+
+
 def get_config(arg="cpu"):
+    if arg in ("rl", "rl_smoke"):
+        return _online_rl(arg)
     if arg in ("cpu", "smoke", None):
         c = demo.get_config("smoke" if arg == "smoke" else None)   # the demo's model, optimizer, short prompt
         c.data.synthetic.enabled = False
@@ -57,7 +118,7 @@ def get_config(arg="cpu"):
             c.train.eval_samples = 96
         return c
     if arg not in GPU:
-        raise ValueError(f"configs/miniwob.py: unknown recipe {arg!r}; expected cpu, smoke or one of {sorted(GPU)}")
+        raise ValueError(f"configs/miniwob.py: unknown recipe {arg!r}; expected cpu, smoke, rl, rl_smoke or one of {sorted(GPU)}")
     c = base_config()
     _demo_data(c)
     c.model.name = arg                   # set model.hf_path to the checkpoint folder

@@ -112,6 +112,15 @@ def base_config() -> mlc.ConfigDict:
         # (data.batch_size x rl.group_size) go through in calls of this size, so the KV cache and
         # the scoring activations are bounded by it (0 = a whole round in one call)
         generation_rows=0, score_rows=0,
+        # Where prompts come from: "" = the dataset (data.train_files / data.synthetic); "miniwob" = live
+        # MiniWoB++ pages in headless Chromium (GRPO on on-policy states, labelled by the DOM experts;
+        # train/online.py; optional [miniwob] extra). data.batch_size = rl.online.workers x processes.
+        world="",
+        online=dict(workers=2,     # browser processes per process (one live episode, one prompt each)
+                    tasks=(),      # task names; () = every task with an expert (envs.miniwob.TASKS)
+                    scale=1.0,     # device pixels per CSS pixel (1: 160 x 210 screenshots)
+                    max_steps=0),  # an episode ends (failed) after this many actions; 0 = the task's
+                                   # own limit (envs.miniwob.env: 10, click-checkboxes-large 16)
     ))
     c.mesh = mlc.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
     # What the recipe is sized for: launch.plan's defaults (devices = hosts * devices_per_host,
@@ -299,6 +308,11 @@ RULES: dict[str, K.Check] = {
     "rl.old_logprobs": K.one_of("auto", "sampler", "recompute"),
     "rl.generation_rows": K.integer(0, note="(0 = a whole round per call)"),
     "rl.score_rows": K.integer(0, note="(0 = a whole round per call)"),
+    "rl.world": K.one_of("", "miniwob"),
+    "rl.online.workers": K.integer(1, note="(browser processes per process)"),
+    "rl.online.tasks": K.strings("MiniWoB++ task names with an expert; () = all of envs.miniwob.TASKS"),
+    "rl.online.scale": K.number(0, lo_open=True, note="(device pixels per CSS pixel)"),
+    "rl.online.max_steps": K.integer(0, note="(0 = the task's own limit)"),
     "mesh.data": K.Check(lambda v: isinstance(v, int) and (v >= 1 or v == -1), "a positive size or -1"),
     "mesh.fsdp": K.Check(lambda v: isinstance(v, int) and (v >= 1 or v == -1), "a positive size or -1"),
     "mesh.tensor": K.Check(lambda v: isinstance(v, int) and (v >= 1 or v == -1), "a positive size or -1"),
@@ -376,7 +390,8 @@ def _check_model(c, _known: Known) -> None:
 
 def _check_data(c, known: Known) -> None:
     d = c.data
-    if not d.synthetic.enabled and not known.planning:
+    online_tokenizer = c.rl.world and (c.model.hf_path or c.tokenizer.path)   # no records needed
+    if not d.synthetic.enabled and not known.planning and not online_tokenizer:
         if not d.train_files:
             _fail("data.train_files", d.train_files, "at least one file (or data.synthetic.enabled=True)")
         missing = K.missing_inputs(d.train_files)
@@ -493,6 +508,31 @@ def _check_rl(c, known: Known) -> None:
             _fail("data.method", c.data.method, "mopd for method=mopd (tool-call rewards)")
 
 
+def _check_world(c, known: Known) -> None:
+    """rl.world = "miniwob": GRPO only, one prompt per browser slot, tasks with an expert,
+    and the [miniwob] extra with Chromium present (the environment's own message)."""
+    r = c.rl
+    if not r.world:
+        return
+    if c.method != "grpo":
+        _fail("rl.world", r.world, f"'' (the dataset) with method={c.method!r}: live browser states need "
+              f"method=grpo (the experts label GUI-Libra actions)")
+    procs = known.processes or max(c.distributed.num_processes, 1)
+    if r.online.workers * procs != c.data.batch_size:
+        _fail("rl.online.workers", r.online.workers, f"data.batch_size / processes = {c.data.batch_size} / {procs} "
+              f"(one prompt per browser slot)")
+    from guilibra_jax.envs.miniwob.experts import TASKS   # light: no browser, no selenium
+    unknown = sorted(set(r.online.tasks) - set(TASKS))
+    if unknown:
+        _fail("rl.online.tasks", tuple(r.online.tasks), f"tasks with an expert ({unknown} have none): some of "
+              f"{list(TASKS)}, or () for all")
+    if not known.planning:
+        from guilibra_jax.envs.miniwob.browser import available
+        reason = available()
+        if reason:
+            _fail("rl.world", r.world, f"a machine that can run it: {reason}")
+
+
 def _check_distributed(c, _known: Known) -> None:
     d = c.distributed
     if d.num_processes > 1 and d.coordinator_address and not 0 <= d.process_id < d.num_processes:
@@ -501,7 +541,7 @@ def _check_distributed(c, _known: Known) -> None:
 
 
 # (config, Known) -> None; raise through _fail naming the key.
-CROSS_CHECKS = [_check_model, _check_data, _check_mesh_and_batch, _check_rl, _check_distributed]
+CROSS_CHECKS = [_check_model, _check_data, _check_mesh_and_batch, _check_rl, _check_world, _check_distributed]
 
 
 def _walk(tree, prefix: str = ""):

@@ -261,13 +261,13 @@ def collect(s: Stage2, params, prompts, step: int, base_key) -> Collected:
     gf = s.rl.group_filter
     key = lambda r: jax.random.fold_in(jax.random.fold_in(base_key, step), r)
     if not gf.enabled:
-        ro = rollout(s, params, next(prompts), key(0))
+        ro = _rollout_next(s, params, prompts, key(0))
         return Collected(ro, reward(s, ro))
     G_ = s.rl.group_size
     quota = update_groups(s.config) // jax.process_count()
     parts, kept, rounds = [], 0, 0
     while True:
-        ro = rollout(s, params, next(prompts), key(rounds))
+        ro = _rollout_next(s, params, prompts, key(rounds))
         scored = reward(s, ro)
         keep = ADV.keep_groups(scored.success & ro.valid, ro.valid, G_)
         parts.append((ro, scored, keep))
@@ -294,6 +294,15 @@ def collect(s: Stage2, params, prompts, step: int, base_key) -> Collected:
     n_groups = sum(len(k) for _, _, k in parts)
     return Collected(RO.concat(ros), RO.concat_scored(scs), rounds=rounds, kept_groups=min(kept, quota),
                      dropped_groups=n_groups - kept, short_groups=max(0, quota - kept))
+
+
+def _rollout_next(s: Stage2, params, prompts, key) -> RO.Rollout:
+    """The rollout of the next prompts; a live prompt source (rl.world, train/online.py) then
+    advances its episodes with it (``prompts.advance``)."""
+    ro = rollout(s, params, next(prompts), key)
+    if hasattr(prompts, "advance"):
+        prompts.advance(ro)
+    return ro
 
 
 @dataclasses.dataclass
@@ -473,10 +482,14 @@ def train_rl(config, workdir: str) -> dict:
     tokenizer = data_source.prepare_tokenizer(config, workdir)
     s, state, state_sh = setup(config, mesh, tokenizer)
 
-    dcfg = data_source.data_config(config, data_source.train_files(config, workdir))
-    prompts = Prompts(make_rl_loader(dcfg, tokenizer, s.model_config, shard_index=jax.process_index(),
-                                     shard_count=jax.process_count()))
-    data_source.record_data_info(workdir, prompts.loader.info)
+    if rl.world:   # live browser states (train/online.py)
+        from guilibra_jax.train.online import OnlinePrompts
+        prompts = OnlinePrompts(config, tokenizer, s.model_config, workdir)
+    else:
+        dcfg = data_source.data_config(config, data_source.train_files(config, workdir))
+        prompts = Prompts(make_rl_loader(dcfg, tokenizer, s.model_config, shard_index=jax.process_index(),
+                                         shard_count=jax.process_count()))
+        data_source.record_data_info(workdir, prompts.loader.info)
     if config.method == "mopd":   # every platform of the data has a teacher (ConfigError naming rl.teachers)
         from guilibra_jax.train.config import check_teachers
         check_teachers(rl.teachers, MH.gather_strings(list(prompts.loader.info.get("platforms", []))))
@@ -519,6 +532,8 @@ def train_rl(config, workdir: str) -> dict:
             row.update({k: float(v) for k, v in metrics.items()})
             row.update(sample_s=t1 - t0, score_s=t2 - t1, update_s=t3 - t2, step_s=t3 - t0)
             row.update(data_source.drop_metrics(prompts))   # process 0's record counts
+            if hasattr(prompts, "metrics"):                  # process 0's episodes (rl.world)
+                row.update(prompts.metrics())
             if step % tc.log_every == 0 or step == tc.steps:
                 last_row = writer.write(step, row)
                 progress.update(step, last_row)

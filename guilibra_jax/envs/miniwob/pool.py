@@ -111,7 +111,21 @@ def _result(slot: int, env, obs, info: dict | None = None, label=None, reward=No
                       info.get("error"), _obs_payload(obs), label, reward)
 
 
+def _detach_from_signals() -> None:
+    """The owner alone ends a worker (``close``, or the pipe closing when it dies): a worker
+    and its Chromium leave the owner's process group, so Ctrl-C, ``timeout`` or a scheduler
+    signalling the trainer's group reach the trainer only, which can still read the pool's
+    state for its preemption checkpoint; SIGINT / SIGTERM sent to the worker itself are
+    ignored for the same reason."""
+    import os
+    import signal
+    os.setpgrp()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def _worker(slot: int, conn, scale: float, max_steps: int | None, coord_space: str, resized_size) -> None:
+    _detach_from_signals()
     from guilibra_jax import rewards as R
     from guilibra_jax.envs.miniwob.browser import Browser
     from guilibra_jax.envs.miniwob.env import MiniWobEnv
@@ -232,7 +246,7 @@ class EnvPool:
         for p in self._procs:
             p.join(timeout=10)
             if p.is_alive():
-                p.terminate()
+                p.kill()                  # workers ignore SIGTERM (see _detach_from_signals)
         self._conns, self._procs = [], []
 
     def __enter__(self):
