@@ -218,7 +218,7 @@ def rollout(s: Stage2, params, batch: dict, key) -> RO.Rollout:
     ro = RO.expand_groups(batch, s.rl.group_size)
     ro = RO.pad_prompts(ro, MH.agree_max(ro.prompt_ids.shape[1]))
     outs = []
-    for c, rows in enumerate(row_chunks(ro.rows, local_chunk(s, s.rl.generation_rows))):
+    for c, rows in enumerate(row_chunks(ro.rows, local_chunk(s, s.rl.get("generation_rows", 0)))):
         part = ro if len(rows) == ro.rows else RO.take_rows(ro, rows)
         inputs = device_inputs(s, RO.prompt_inputs(part, s.model_config, s.patch_bucket))
         out = G.generate(s.graphdef, params, inputs["prompt_ids"], inputs["prompt_mask"], inputs["positions"],
@@ -332,7 +332,7 @@ def score(s: Stage2, params, ro: RO.Rollout) -> Scores:
     all_rows = np.arange(ro.rows)
     seq_host = RO.sequence_batch(ro, all_rows, s.model_config, s.patch_bucket, s.pad_id, n_slots)
     kw = dict(temperature=s.rl.temperature, chunk=s.chunk, banned=s.banned)
-    size = local_chunk(s, s.rl.score_rows)
+    size = local_chunk(s, s.rl.get("score_rows", 0))
 
     def score_rows(f: FZ.Frozen, rows: np.ndarray) -> np.ndarray:
         # (a collective: every process builds its batches, whatever rows it holds; at most

@@ -85,7 +85,7 @@ def test_miniwob_recipes_validate_and_name_real_model_sizes():
     from guilibra_jax.train.config import validate
     for arg in ("cpu", "smoke", "qwen2_5_vl_3b", "qwen3_vl_4b"):
         c = miniwob.get_config(arg)
-        validate(c)
+        validate(c, planning=True)   # the demos are recorded by an earlier command
         assert c.data.train_files and c.data.method == "guilibra"
     for arg, family in (("qwen2_5_vl_3b", "qwen2_5_vl"), ("qwen3_vl_4b", "qwen3_vl")):
         c = miniwob.get_config(arg)
