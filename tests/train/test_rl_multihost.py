@@ -168,7 +168,9 @@ def test_sigterm_to_one_process_saves_the_same_step_on_both_and_resumes(tmp_path
     assert codes == [0, 0], logs(workdir, 2)
     saved = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
     assert len(saved) == 1 and 1 <= saved[0] < 50
-    resumed = start(workdir, args[:-2] + ["--config.train.steps=%d" % (saved[0] + 1)], processes=2, devices=2)
+    # one step more than saved: a change of train.steps, accepted as such (the run history records it)
+    resumed = start(workdir, args + ["--config.train.steps=%d" % (saved[0] + 1), "--config.train.allow_config_change=True"],
+                    processes=2, devices=2)
     assert finish(workdir, resumed) == [0, 0], logs(workdir, 2)
     assert f"resumed from step {saved[0]}" in logs(workdir, 2)
 
