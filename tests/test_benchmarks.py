@@ -19,6 +19,7 @@ def _provenance(res):
     assert "commit" in res["git"] and isinstance(res["loaded"], bool)
 
 
+@pytest.mark.slow   # minutes on 2 cores; the sampler smoke covers the harness, test_head_loss the step parity
 def test_step_benchmark_interleaves_sides_with_parity_and_writes_results(tmp_path):
     from benchmarks import step
 
@@ -70,6 +71,7 @@ def _gpu_check(tmp_path, *flags):
     return res
 
 
+@pytest.mark.slow   # minutes on 2 cores; a GPU check: the sampler smoke covers the harness
 def test_gpu_check_runs_end_to_end_with_tiny(tmp_path):
     """benchmarks/gpu_check.sh as a user runs it, on the tiny model (CPU): parity, the ASFT step
     at a given depth and the sampler (the slow test below adds the layer fit)."""

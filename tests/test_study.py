@@ -45,6 +45,7 @@ def _online_counts(eval_dir, entry="checkpoint"):
   return out
 
 
+@pytest.mark.slow   # minutes of compiles; the merge, report and stage-config tests cover the pieces in the default run
 def test_mopd_study_smoke_runs_every_stage_reports_and_resumes(tmp_path, xla_cache):
   from configs import study_mopd as S
   wd = str(tmp_path / "mopd")

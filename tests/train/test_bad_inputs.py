@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -44,6 +46,7 @@ def test_a_plan_that_does_not_fit_exits_1_naming_the_component():
     assert fits.returncode == 0 and "fits: yes" in fits.stdout, fits.stdout[-2000:] + fits.stderr[-2000:]
 
 
+@pytest.mark.slow   # 30 steps; the divergence guard is covered by the multi-host non-finite test
 def test_asft_stops_after_max_skipped_updates_naming_steps_and_checkpoint(tmp_path):
     out = run("launch.train", "--config=configs/demo.py:smoke", f"--workdir={tmp_path}", "--config.train.steps=30",
               "--config.optim.lr=1e38", "--config.optim.warmup_steps=0", "--config.train.max_skipped_updates=4",
