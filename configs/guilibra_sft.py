@@ -46,7 +46,7 @@ optimizer step as the release (train.grad_accum = 256 / data.batch_size). At the
 24,576-token limit with a 5.7-megapixel image per row they do NOT fit (the TPU compiler asks
 for 120 GB of temporaries per v5p chip for 3B: the text decoder's dense attention scores over
 24,576 tokens); at data.max_length = 8,192 3B still needs 101 GB per v5p chip, 37 GB of it the
-step's 256 images at max_pixels, one argument replicated on every chip (see NOTES-tpu.md).
+step's 256 images at max_pixels, one argument replicated on every chip (see docs/notes/tpu.md).
 """
 
 from guilibra_jax.train.config import H100_1x8, V5P_2x2x1, V5P_2x2x2, base_config, hardware

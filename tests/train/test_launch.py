@@ -248,7 +248,7 @@ def test_export_image_processor_and_chat_template_give_our_prompt_and_logits(uni
 def test_autoprocessor_on_the_export_gives_our_prompt_and_logits(uninterrupted):
     """AutoProcessor (what vLLM and users load) on the export. Needs torchvision, which
     transformers' Qwen video processor imports; not in the test extra (5.3 GB of CUDA
-    torch beside torch 2.13 CPU, see NOTES-eco.md): the test above covers the same files."""
+    torch beside torch 2.13 CPU, see docs/notes/eco.md): the test above covers the same files."""
     try:
         import torchvision  # noqa: F401
     except Exception as e:  # ImportError, or a CUDA build's RuntimeError beside CPU torch
