@@ -1,17 +1,52 @@
-"""The attention functions of the models, over `jax.nn.dot_product_attention`.
+"""The attention functions of the models.
 
-`dot_product_attention` takes a boolean mask (the text decoder: causal within packed
-segments). `varlen_attention` takes independent sequences padded to one length and their
-lengths (the vision tower: one image frame or window per sequence), a call cuDNN's flash
-attention supports. In JAX 0.10 `jax.nn.dot_product_attention(implementation=None)` always
-uses XLA, so `varlen_attention` asks for cuDNN itself on NVIDIA GPUs (bf16 / fp16) and uses
-XLA elsewhere, over query chunks for long sequences so that the scores never exceed
-[B, N, QUERY_CHUNK, T].
+The text decoder's mask is a :class:`SegmentMask` (segment ids of queries and keys, causal
+or not): it never needs a dense [T, S] mask. Short calls (T <= block: decoding, tests,
+short prompts) build that mask and use `jax.nn.dot_product_attention`; long ones run
+:func:`flash_attention`, a blockwise (online-softmax) attention in plain JAX whose forward
+and backward passes hold one [block, block] score tile per head at a time, so memory is
+O(T) instead of O(T^2) on every backend, and fully masked causal tiles are skipped.
+
+`varlen_attention` takes independent sequences padded to one length and their lengths (the
+vision tower: one image frame or window per sequence), a call cuDNN's flash attention
+supports. In JAX 0.10 `jax.nn.dot_product_attention(implementation=None)` always uses XLA,
+so `varlen_attention` asks for cuDNN itself on NVIDIA GPUs (bf16 / fp16) and otherwise
+uses XLA for short sequences and :func:`flash_attention` for long ones.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
+
+BLOCK = 1024  # queries / keys per tile of flash_attention; calls with T <= BLOCK are dense
+_NEG = -1e30  # finite "minus infinity": exp(_NEG - m) underflows to 0 without NaNs
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["q_segment_ids", "kv_segment_ids", "q_offset"],
+                   meta_fields=["causal", "block"])
+@dataclasses.dataclass(frozen=True)
+class SegmentMask:
+  """Query i of row b attends to key j iff q_segment_ids[b, i] == kv_segment_ids[b, j] and,
+  if causal, j <= q_offset + i (queries sit at positions q_offset.. of the key axis).
+
+  q_segment_ids [B, T], kv_segment_ids [B, S] int32 (0 = padding: it sees only padding, so no
+  query row is empty); q_offset [] int32; block: tile size of flash_attention (calls with
+  T <= block are dense).
+  """
+  q_segment_ids: jax.Array
+  kv_segment_ids: jax.Array
+  q_offset: jax.Array
+  causal: bool = True
+  block: int = BLOCK
+
+  def dense(self):
+    """The boolean mask [B, 1, T, S]."""
+    b, t = self.q_segment_ids.shape
+    q_index = self.q_offset + jnp.broadcast_to(jnp.arange(t), (b, t))
+    return attention_mask(self.q_segment_ids, self.kv_segment_ids, causal=self.causal, q_index=q_index)
 
 
 def attention_mask(q_segment_ids, kv_segment_ids, *, causal: bool, q_index=None, kv_index=None):
@@ -31,27 +66,31 @@ def attention_mask(q_segment_ids, kv_segment_ids, *, causal: bool, q_index=None,
 
 
 def dot_product_attention(q, k, v, mask, *, scale: float | None = None):
-  """q [B, T, N, H], k/v [B, S, K, H] (N a multiple of K: GQA), mask [B, 1|N, T, S] bool.
+  """q [B, T, N, H], k/v [B, S, K, H] (N a multiple of K: GQA); mask a SegmentMask or a
+  boolean [B, 1|N, T, S].
 
   Returns [B, T, N, H] in q's dtype.
   """
   dtype = q.dtype
   k = k.astype(dtype)
   v = v.astype(dtype)
+  if isinstance(mask, SegmentMask):
+    if q.shape[1] > mask.block:
+      return flash_attention(q, k, v, mask.q_segment_ids, mask.kv_segment_ids, mask.q_offset, scale=scale,
+                             causal=mask.causal, block=mask.block)
+    mask = mask.dense()
   return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation=None)
 
 
-QUERY_CHUNK = 1024  # XLA path: queries per chunk of a long sequence
-
-
 def varlen_attention(q, k, v, lengths, *, scale: float | None = None, implementation: str | None = None,
-                     query_chunk: int = QUERY_CHUNK):
+                     block: int = BLOCK):
   """Bidirectional attention within each of B sequences: q, k, v [B, T, N, H], lengths [B]
   int32 (the first lengths[b] positions of sequence b are real; keys after them are
   ignored, and the outputs there are not meaningful).
 
   implementation: None (cuDNN on an NVIDIA GPU for bf16 / fp16 when it takes the call,
-  else XLA), "cudnn" or "xla". Returns [B, T, N, H] in q's dtype.
+  else XLA), "cudnn" or "xla" (dense for T <= block, else flash_attention). Returns
+  [B, T, N, H] in q's dtype.
   """
   dtype = q.dtype
   k, v = k.astype(dtype), v.astype(dtype)
@@ -67,7 +106,13 @@ def varlen_attention(q, k, v, lengths, *, scale: float | None = None, implementa
   elif implementation == "cudnn":
     raise ValueError(f"cuDNN attention needs an NVIDIA GPU and bf16/fp16 inputs; got {jax.default_backend()}, "
                      f"{dtype}")
-  return _xla_varlen(q, k, v, lengths, scale, query_chunk)
+  t = q.shape[1]
+  if t <= block:
+    return jax.nn.dot_product_attention(q, k, v, scale=scale, query_seq_lengths=lengths,
+                                        key_value_seq_lengths=lengths, implementation="xla")
+  # Real positions are segment 1, padding segment 0 (padding sees padding: outputs unused).
+  seg = (jnp.arange(t)[None, :] < lengths[:, None]).astype(jnp.int32)
+  return flash_attention(q, k, v, seg, seg, jnp.zeros((), jnp.int32), scale=scale, causal=False, block=block)
 
 
 def _cudnn_candidate(q) -> bool:
@@ -75,19 +120,149 @@ def _cudnn_candidate(q) -> bool:
           and "nvidia" in jax.devices()[0].device_kind.lower())
 
 
-def _xla_varlen(q, k, v, lengths, scale, chunk: int):
+# ----------------------------------------------------------------------------- flash attention
+def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, q_offset=0, *, scale: float | None = None,
+                    causal: bool = True, block: int = BLOCK):
+  """Blockwise attention, equal to the dense one under SegmentMask's rule.
+
+  q [B, T, N, H], k/v [B, S, K, H] (N a multiple of K), segment ids [B, T] / [B, S], q_offset
+  a scalar. Scores and softmax statistics are float32; the probabilities are cast to v's
+  dtype for the value product (as fused kernels do). Returns [B, T, N, H] in q's dtype.
+  The backward pass recomputes each tile from the saved log-sum-exp (custom VJP): nothing
+  [T, S]-sized is stored.
+  """
+  scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+  q_offset = jnp.asarray(q_offset, jnp.int32)
+  return _flash(q, k.astype(q.dtype), v.astype(q.dtype), q_segment_ids.astype(jnp.int32),
+                kv_segment_ids.astype(jnp.int32), q_offset, scale, causal, int(block))
+
+
+def _tiles(q, k, v, qseg, kseg, block):
+  """Pad T and S to multiples of block (padding ids -1 / -2 match nothing) and split into
+  tiles: q [nq, B, bq, K, G, H], k/v [nk, B, bk, K, H], qseg [nq, B, bq], kseg [nk, B, bk]."""
   b, t, n, h = q.shape
+  s, kh = k.shape[1], k.shape[2]
+  nq, nk = -(-t // block), -(-s // block)
+  pad = lambda x, n_, fill: jnp.pad(x, [(0, 0), (0, n_ * block - x.shape[1])] + [(0, 0)] * (x.ndim - 2),
+                                    constant_values=fill)
+  split = lambda x, n_: jnp.moveaxis(x.reshape((b, n_, block) + x.shape[2:]), 1, 0)
+  qt = split(pad(q, nq, 0).reshape(b, nq * block, kh, n // kh, h), nq)
+  kt, vt = split(pad(k, nk, 0), nk), split(pad(v, nk, 0), nk)
+  return qt, kt, vt, split(pad(qseg, nq, -1), nq), split(pad(kseg, nk, -2), nk)
 
-  def attend(qc, q_lengths):
-    return jax.nn.dot_product_attention(qc, k, v, scale=scale, query_seq_lengths=q_lengths,
-                                        key_value_seq_lengths=lengths, implementation="xla")
 
-  if t <= chunk:
-    return attend(q, lengths)
-  m = -(-t // chunk)
-  qs = jnp.pad(q, ((0, 0), (0, m * chunk - t), (0, 0), (0, 0))).reshape(b, m, chunk, n, h).swapaxes(0, 1)
-  starts = jnp.arange(m, dtype=jnp.int32) * chunk
-  # Recomputed in the backward pass: only one chunk's scores are alive at a time.
-  one = jax.checkpoint(lambda xs: attend(xs[0], jnp.clip(lengths - xs[1], 0, chunk)))
-  out = jax.lax.map(one, (qs, starts))  # [m, B, chunk, N, H]
-  return out.swapaxes(0, 1).reshape(b, m * chunk, n, h)[:, :t]
+def _tile_mask(qseg_i, kseg_j, i, j, q_offset, causal, block):
+  """[B, bq, bk] bool of tile (i, j), and whether any key of the tile can be visible."""
+  m = qseg_i[:, :, None] == kseg_j[:, None, :]
+  if not causal:
+    return m, jnp.asarray(True)
+  qpos = q_offset + i * block + jnp.arange(block)
+  kpos = j * block + jnp.arange(block)
+  m = m & (qpos[:, None] >= kpos[None, :])[None]
+  return m, j * block <= q_offset + (i + 1) * block - 1
+
+
+def _acc(dtype):
+  """Accumulation dtype: float32, or float64 for float64 inputs."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+def _scores(qi, kj, scale):
+  acc = _acc(qi.dtype)
+  return jnp.einsum("bqkgh,bskh->bkgqs", qi, kj, preferred_element_type=acc) * scale
+
+
+def _forward(q, k, v, qseg, kseg, q_offset, scale, causal, block):
+  b, t, n, h = q.shape
+  acc = _acc(q.dtype)
+  qt, kt, vt, qst, kst = _tiles(q, k, v, qseg, kseg, block)
+  nk = kt.shape[0]
+  kh, g = qt.shape[3], qt.shape[4]
+
+  def q_tile(xs):
+    qi, qseg_i, i = xs
+
+    def kv_tile(carry, ys):
+      kj, vj, kseg_j, j = ys
+      mask, live = _tile_mask(qseg_i, kseg_j, i, j, q_offset, causal, block)
+
+      def update(c):
+        o, m, l = c
+        s = jnp.where(mask[:, None, None], _scores(qi, kj, scale), _NEG)
+        m_new = jnp.maximum(m, s.max(-1))
+        p = jnp.where(mask[:, None, None], jnp.exp(s - m_new[..., None]), 0.0)
+        corr = jnp.exp(m - m_new)
+        l = l * corr + p.sum(-1)
+        pv = jnp.einsum("bkgqs,bskh->bqkgh", p.astype(vj.dtype), vj, preferred_element_type=acc)
+        return o * jnp.moveaxis(corr, -1, 1)[..., None] + pv, m_new, l
+
+      return jax.lax.cond(live, update, lambda c: c, carry), None
+
+    init = (jnp.zeros((b, block, kh, g, h), acc), jnp.full((b, kh, g, block), _NEG, acc),
+            jnp.zeros((b, kh, g, block), acc))
+    (o, m, l), _ = jax.lax.scan(kv_tile, init, (kt, vt, kst, jnp.arange(nk)))
+    safe = jnp.where(l > 0, l, 1.0)
+    o = o / jnp.moveaxis(safe, -1, 1)[..., None]
+    lse = jnp.where(l > 0, m + jnp.log(safe), 0.0)
+    return o.astype(q.dtype), lse
+
+  o, lse = jax.lax.map(q_tile, (qt, qst, jnp.arange(qt.shape[0])))  # [nq, B, bq, K, G, H], [nq, B, K, G, bq]
+  out = jnp.moveaxis(o, 0, 1).reshape(b, -1, n, h)[:, :t]
+  return out, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+def _flash(q, k, v, qseg, kseg, q_offset, scale, causal, block):
+  return _forward(q, k, v, qseg, kseg, q_offset, scale, causal, block)[0]
+
+
+def _flash_fwd(q, k, v, qseg, kseg, q_offset, scale, causal, block):
+  out, lse = _forward(q, k, v, qseg, kseg, q_offset, scale, causal, block)
+  return out, (q, k, v, qseg, kseg, q_offset, out, lse)
+
+
+def _flash_bwd(scale, causal, block, res, dout):
+  q, k, v, qseg, kseg, q_offset, out, lse = res
+  b, t, n, h = q.shape
+  acc = _acc(q.dtype)
+  s_len = k.shape[1]
+  qt, kt, vt, qst, kst = _tiles(q, k, v, qseg, kseg, block)
+  dot = _tiles(dout, k, v, qseg, kseg, block)[0]
+  kh, g = qt.shape[3], qt.shape[4]
+  nq, nk = qt.shape[0], kt.shape[0]
+  # D_i = rowsum(dO * O), laid out like the scores' query axis: [nq, B, K, G, bq]
+  d_full = (dout.astype(acc) * out.astype(acc)).sum(-1)            # [B, T, N]
+  d_full = jnp.pad(d_full, ((0, 0), (0, nq * block - t), (0, 0))).reshape(b, nq, block, kh, g)
+  dt = jnp.moveaxis(d_full, (1, 2), (0, 4))
+
+  def q_tile(carry, xs):
+    dk_acc, dv_acc = carry
+    qi, doi, lse_i, d_i, qseg_i, i = xs
+
+    def kv_tile(dq, ys):
+      kj, vj, kseg_j, j = ys
+      mask, live = _tile_mask(qseg_i, kseg_j, i, j, q_offset, causal, block)
+
+      def grads(dq):
+        p = jnp.where(mask[:, None, None], jnp.exp(_scores(qi, kj, scale) - lse_i[..., None]), 0.0)
+        dv = jnp.einsum("bkgqs,bqkgh->bskh", p.astype(doi.dtype), doi, preferred_element_type=acc)
+        dp = jnp.einsum("bqkgh,bskh->bkgqs", doi, vj, preferred_element_type=acc)
+        ds = p * (dp - d_i[..., None]) * scale
+        dq = dq + jnp.einsum("bkgqs,bskh->bqkgh", ds.astype(kj.dtype), kj, preferred_element_type=acc)
+        dk = jnp.einsum("bkgqs,bqkgh->bskh", ds.astype(qi.dtype), qi, preferred_element_type=acc)
+        return dq, (dk, dv)
+
+      zeros = (jnp.zeros(kj.shape, acc), jnp.zeros(vj.shape, acc))
+      return jax.lax.cond(live, grads, lambda dq: (dq, zeros), dq)
+
+    dq, (dk, dv) = jax.lax.scan(kv_tile, jnp.zeros(qi.shape, acc), (kt, vt, kst, jnp.arange(nk)))
+    return (dk_acc + dk, dv_acc + dv), dq
+
+  zeros = jnp.zeros(kt.shape, acc)
+  (dk, dv), dq = jax.lax.scan(q_tile, (zeros, zeros), (qt, dot, lse, dt, qst, jnp.arange(nq)))
+  dq = jnp.moveaxis(dq, 0, 1).reshape(b, -1, n, h)[:, :t].astype(q.dtype)
+  unsplit = lambda x: jnp.moveaxis(x, 0, 1).reshape((b, -1) + x.shape[3:])[:, :s_len].astype(k.dtype)
+  return dq, unsplit(dk), unsplit(dv), None, None, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)

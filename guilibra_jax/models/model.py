@@ -5,10 +5,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from guilibra_jax.models.attention import attention_mask
+from guilibra_jax.models.attention import BLOCK, SegmentMask
 from guilibra_jax.models.config import ModelConfig
 from guilibra_jax.models.layers import Linear
-from guilibra_jax.models.text import TextModel, cache_mask, init_cache
+from guilibra_jax.models.text import TextModel, init_cache
 from guilibra_jax.models.vision import VisionTower
 
 REMAT_POLICIES = {
@@ -26,21 +26,28 @@ class QwenVL(nnx.Module):
   Inputs of every entry point:
     input_ids [B, T] int32, positions [3, B, T] int32 (from `get_rope_index`),
     segment_ids [B, T] int32 (0 = padding, k > 0 = packed sample k; causal within equal ids),
-    pixel_values [P, C*t*p*p] (all images of the batch, optionally padded) and `vision`, the
-    dict from `prepare_vision_inputs` (arrays only are used).
+    pixel_values [P, C*t*p*p] (all images of the batch, optionally padded) or [S, L, C*t*p*p]
+    (the same patches in the tower's slot layout, as the trainers place them) and `vision`,
+    the dict from `prepare_vision_inputs` (arrays only are used).
   """
 
   def __init__(self, config: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32, remat: str = "none",
-               scan_layers: bool = False, rngs: nnx.Rngs | None = None):
+               scan_layers: bool = False, attention_block: int = BLOCK, rngs: nnx.Rngs | None = None):
+    """attention_block: tile size of the blockwise (flash) attention that sequences longer
+    than it use, in the decoder and the vision tower (shorter ones attend densely)."""
     if remat not in REMAT_POLICIES:
       raise ValueError(f"remat must be one of {sorted(REMAT_POLICIES)}, got {remat!r}")
+    if int(attention_block) < 1:
+      raise ValueError(f"attention_block must be a positive number of tokens, got {attention_block!r}")
+    self.attention_block = int(attention_block)
     rngs = rngs if rngs is not None else nnx.Rngs(0)
     self.config = config
     self.dtype = dtype
     self.param_dtype = param_dtype
     self.scan_layers = scan_layers
     policy = REMAT_POLICIES[remat]
-    self.visual = VisionTower(config, dtype=dtype, param_dtype=param_dtype, remat=policy, rngs=rngs)
+    self.visual = VisionTower(config, dtype=dtype, param_dtype=param_dtype, remat=policy,
+                               attention_block=self.attention_block, rngs=rngs)
     self.language_model = TextModel(config, dtype=dtype, param_dtype=param_dtype, remat_policy=policy,
                                     scan_layers=scan_layers, rngs=rngs)
     if not config.tie_word_embeddings:
@@ -76,9 +83,13 @@ class QwenVL(nnx.Module):
   def hidden_states(self, input_ids, positions, segment_ids, pixel_values=None, vision=None):
     """Final-normed decoder hidden states [B, T, D] (compute dtype)."""
     h, add, n_ds = self._embed(input_ids, pixel_values, vision)
-    mask = attention_mask(segment_ids, segment_ids, causal=True)
-    h, _ = self.language_model(h, positions, mask, add, n_ds)
+    seg = segment_ids.astype(jnp.int32)
+    h, _ = self.language_model(h, positions, self._mask(seg, seg, 0), add, n_ds)
     return h
+
+  def _mask(self, q_segment_ids, kv_segment_ids, q_offset) -> SegmentMask:
+    """Causal within equal segment ids; the queries sit at key positions q_offset.."""
+    return SegmentMask(q_segment_ids, kv_segment_ids, jnp.asarray(q_offset, jnp.int32), True, self.attention_block)
 
   def lm_head_weight(self):
     """The LM head as [V, D] in the compute dtype (tied: the token embedding)."""
@@ -111,7 +122,7 @@ class QwenVL(nnx.Module):
     cache["segment_ids"] = cache["segment_ids"].at[:, :t].set(seg)
     cache["decode_segment"] = jnp.maximum(seg.max(axis=1), 1)
     h, add, n_ds = self._embed(input_ids, pixel_values, vision)
-    mask = cache_mask(cache, seg, 0)
+    mask = self._mask(seg, cache["segment_ids"], 0)
     h, (k, v) = self.language_model(h, positions, mask, add, n_ds, cache=(cache["k"], cache["v"]),
                                     index=jnp.zeros((), jnp.int32))
     cache.update(k=k, v=v, index=jnp.asarray(t, jnp.int32))
@@ -124,7 +135,7 @@ class QwenVL(nnx.Module):
     cache = dict(cache)
     cache["segment_ids"] = jax.lax.dynamic_update_slice(cache["segment_ids"], seg, (0, index))
     h = self.language_model.embed_tokens(tokens[:, None])
-    mask = cache_mask(cache, seg, index)
+    mask = self._mask(seg, cache["segment_ids"], index)
     h, (k, v) = self.language_model(h, positions[:, :, None], mask, cache=(cache["k"], cache["v"]), index=index)
     cache.update(k=k, v=v, index=index + 1)
     return self.logits_from_hidden(h[:, 0]), cache

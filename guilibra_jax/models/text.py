@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from guilibra_jax.models.attention import attention_mask, dot_product_attention
+from guilibra_jax.models.attention import dot_product_attention
 from guilibra_jax.models.config import ModelConfig, TextConfig
 from guilibra_jax.models.layers import Embed, Linear, RMSNorm, apply_rope, text_rope
 from guilibra_jax.models.vision import GatedMLP
@@ -38,7 +38,8 @@ class Attention(nnx.Module):
     self.scale = h**-0.5
 
   def __call__(self, x, cos, sin, mask, kv_cache=None, index=None):
-    """x [B, T, D]; cos/sin [B, T, H]; mask [B, 1, T, S]; kv_cache (k, v) [B, S, K, H] or None."""
+    """x [B, T, D]; cos/sin [B, T, H]; mask: SegmentMask of T queries and S keys (or a bool
+    [B, 1, T, S]); kv_cache (k, v) [B, S, K, H] or None."""
     q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
     if self.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
@@ -100,7 +101,7 @@ class TextModel(nnx.Module):
 
   def __call__(self, h, positions, mask, deepstack_add: Callable | None = None, n_deepstack: int = 0,
                cache=None, index=None):
-    """h [B, T, D] input embeddings; positions [3, B, T]; mask [B, 1, T, S].
+    """h [B, T, D] input embeddings; positions [3, B, T]; mask: attention.SegmentMask.
 
     deepstack_add(i) -> [B, T, D] is added after layer i < n_deepstack (Qwen3-VL).
     cache: (k, v) stacked [L, B, S, K, H] or None. Returns (normed hidden, new (k, v) or None).
@@ -155,9 +156,3 @@ def init_cache(config: ModelConfig, batch: int, cache_size: int, dtype=jnp.float
       "decode_segment": jnp.ones((batch,), jnp.int32),
   }
 
-
-def cache_mask(cache: dict, q_segment_ids, index):
-  """Causal mask of T new tokens written at `index` against the whole cache."""
-  b, t = q_segment_ids.shape
-  q_index = index + jnp.broadcast_to(jnp.arange(t), (b, t))
-  return attention_mask(q_segment_ids, cache["segment_ids"], causal=True, q_index=q_index)

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from guilibra_jax import sharding as S
-from guilibra_jax.models.attention import varlen_attention
+from guilibra_jax.models.attention import BLOCK, varlen_attention
 from guilibra_jax.models.config import ModelConfig, VisionConfig
 from guilibra_jax.models.layers import (Embed, LayerNorm, Linear, RMSNorm, activation, apply_rope, vision_rope)
 
@@ -217,12 +217,13 @@ def vision_shape(vision: dict) -> tuple[int, int, int]:
 # ----------------------------------------------------------------------------- modules
 class VisionAttention(nnx.Module):
 
-  def __init__(self, vc: VisionConfig, *, dtype, param_dtype, rngs):
+  def __init__(self, vc: VisionConfig, *, dtype, param_dtype, rngs, attention_block: int = BLOCK):
     d, n, h = vc.hidden_size, vc.num_heads, vc.head_dim
     kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs, use_bias=True)
     self.qkv = Linear((d,), (3, n, h), ("vision_embed",), (None, "vision_heads", "head_dim"), **kw)
     self.proj = Linear((n, h), (d,), ("vision_heads", "head_dim"), ("vision_embed",), **kw)
     self.scale = h**-0.5
+    self.block = attention_block
 
   def __call__(self, x, cos, sin, lengths):
     """x [B, T, D] (B sequences, each its first lengths[b] positions real), cos/sin [B, T, H]."""
@@ -231,7 +232,7 @@ class VisionAttention(nnx.Module):
     dtype = q.dtype
     q = apply_rope(q.astype(jnp.float32), cos, sin).astype(dtype)
     k = apply_rope(k.astype(jnp.float32), cos, sin).astype(dtype)
-    return self.proj(varlen_attention(q, k, v, lengths, scale=self.scale))
+    return self.proj(varlen_attention(q, k, v, lengths, scale=self.scale, block=self.block))
 
 
 class GatedMLP(nnx.Module):
@@ -263,7 +264,7 @@ class PlainMLP(nnx.Module):
 
 class VisionBlock(nnx.Module):
 
-  def __init__(self, vc: VisionConfig, family: str, *, dtype, param_dtype, rngs):
+  def __init__(self, vc: VisionConfig, family: str, *, dtype, param_dtype, rngs, attention_block: int = BLOCK):
     d = vc.hidden_size
     if family == "qwen2_5_vl":
       self.norm1 = RMSNorm(d, ("vision_embed",), eps=1e-6, dtype=dtype, param_dtype=param_dtype)
@@ -274,7 +275,7 @@ class VisionBlock(nnx.Module):
       self.norm1 = LayerNorm(d, ("vision_embed",), eps=1e-6, dtype=dtype, param_dtype=param_dtype)
       self.norm2 = LayerNorm(d, ("vision_embed",), eps=1e-6, dtype=dtype, param_dtype=param_dtype)
       self.mlp = PlainMLP(d, vc.intermediate_size, vc.hidden_act, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    self.attn = VisionAttention(vc, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.attn = VisionAttention(vc, dtype=dtype, param_dtype=param_dtype, rngs=rngs, attention_block=attention_block)
 
   def __call__(self, x, cos, sin, lengths):
     x = x + self.attn(self.norm1(x), cos, sin, lengths)
@@ -314,10 +315,13 @@ class PatchMerger(nnx.Module):
 
 
 class VisionTower(nnx.Module):
-  """pixel_values [P, C*t*p*p] + prepare_vision_inputs dict -> (merged [P/m^2, D_text], deepstack list),
+  """pixel_values [P, C*t*p*p] (patch rows, gathered into slots by the dict's patch_index) or
+  [S, L, C*t*p*p] (already in slot layout: zeros at padding positions) + prepare_vision_inputs
+  dict -> (merged [P/m^2, D_text], deepstack list),
   merged features in image order (the k-th <|image_pad|> token of the batch takes row k)."""
 
-  def __init__(self, config: ModelConfig, *, dtype, param_dtype, remat=None, rngs: nnx.Rngs):
+  def __init__(self, config: ModelConfig, *, dtype, param_dtype, remat=None, attention_block: int = BLOCK,
+               rngs: nnx.Rngs):
     """remat: None (off), "full", or a jax.checkpoint policy for each block."""
     vc = config.vision
     self.family = config.family
@@ -330,7 +334,7 @@ class VisionTower(nnx.Module):
                                                 use_bias=family == "qwen3_vl", **kw)})
     if family == "qwen3_vl":
       self.pos_embed = Embed(vc.num_position_embeddings, vc.hidden_size, (None, "vision_embed"), **kw)
-    self.blocks = nnx.List([VisionBlock(vc, family, **kw) for _ in range(vc.depth)])
+    self.blocks = nnx.List([VisionBlock(vc, family, attention_block=attention_block, **kw) for _ in range(vc.depth)])
     self.merger = PatchMerger(vc, family, postshuffle_norm=False, **kw)
     if family == "qwen3_vl":
       self.deepstack_merger_list = nnx.List(
@@ -349,8 +353,13 @@ class VisionTower(nnx.Module):
     vc = self.vc
     arr = lambda k: jnp.asarray(vision[k])
     n_slots, slot_len = vision["patch_index"].shape
-    # Each device gathers the patches of its own slots (the slot arrays are sharded over the batch axes).
-    x = _shard_slots(pixel_values[jnp.maximum(arr("patch_index"), 0)])  # [S, L, C*t*p*p]
+    if pixel_values.ndim == 3:  # already in slot layout (train/batching.slot_pixels), sharded like the slots
+      if pixel_values.shape[:2] != (n_slots, slot_len):
+        raise ValueError(f"pixel_values in slot layout {pixel_values.shape} does not match the vision dict's "
+                         f"{n_slots} slots of {slot_len} positions")
+      x = _shard_slots(pixel_values)
+    else:  # each device gathers the patches of its own slots (the slot arrays are sharded over the batch axes)
+      x = _shard_slots(pixel_values[jnp.maximum(arr("patch_index"), 0)])  # [S, L, C*t*p*p]
     x = _shard_slots(self.patch_embed["proj"](x))
     lengths = arr("slot_lengths")
     cos, sin = vision_rope(arr("pos_hw"), vc.head_dim, vc.rope_theta)  # [S, L, H]

@@ -4,12 +4,13 @@ Per-row arrays (``input_ids`` [B, T], ``positions`` [3, B, T] ...) are sharded o
 (data, fsdp) along their row axis; with several processes each process passes only its
 own rows (its data shard) and they are assembled into the global batch.
 
-Image inputs: ``pixel_values`` [P, D] (all images' patches concatenated) is replicated,
-and so are the vision dict's per-token entries (``models.prepare_vision_inputs``:
-``token_slot``, ``token_unit``); its per-slot entries ([S, ...]: one slot per image frame)
-are sharded over (data, fsdp) along the slot axis, so each device gathers and runs the
-vision tower on its own slots only (S is padded with empty slots to a multiple of the
-batch devices). In one process the host arrays are placed as they are. With several
+Image inputs: ``pixel_values`` [P, D] (all images' patches concatenated) is rearranged on
+the host into the vision tower's slot layout [S, L, D] (:func:`slot_pixels`: slot s holds
+its frame's patches, zeros after) and sharded over (data, fsdp) along the slot axis, like
+the vision dict's per-slot entries ([S, ...]: one slot per image frame), so each device
+holds and runs the tower on its own slots only (S is padded with empty slots to a multiple
+of the batch devices); the per-token entries (``token_slot``, ``token_unit``) are
+replicated. In one process the host arrays are placed as they are. With several
 processes each process holds different images, so :func:`gather_images` first joins them
 into the global layout of the global batch, identical on every process:
 
@@ -24,10 +25,9 @@ into the global layout of the global batch, identical on every process:
   zero and in no slot; padding slots are empty; the result equals
   ``prepare_vision_inputs`` of all images of the global batch at those shapes.
 
-Memory: every process receives all processes' patches, and every device holds the global
-[M, process_count * max(P), D] pixel array (float32: Qwen2.5 D = 1176, 2048-patch bucket,
-8 processes, M = 4 -> 308 MB per device, as many bytes again on each host); the vision
-tower's activations are per slot and sharded. The all-gather
+Memory: every device holds only its slots' pixels ([M, S / batch devices, L, D]); every
+process receives all processes' patches on the host (float32: Qwen2.5 D = 1176,
+2048-patch bucket, 8 processes, M = 4 -> 308 MB per host), and the all-gather
 (jax.experimental.multihost_utils.process_allgather) briefly holds the gathered arrays on
 every device as well.
 """
@@ -95,11 +95,13 @@ def batch_devices(mesh) -> int:
 
 def placement(path, ndim: int, mesh, micro_axis: bool):
     """Sharding of one host-batch entry (``path`` from tree_map_with_path): rows over
-    (data, fsdp); vision slots over (data, fsdp); pixels, per-token vision entries and
-    scalars replicated."""
+    (data, fsdp); vision slots and slot-layout pixels over (data, fsdp); row-layout pixels,
+    per-token vision entries and scalars replicated."""
     batch_dim = 1 if micro_axis else 0
     names = [str(getattr(k, "key", k)) for k in path]
     if names[0] == "vision" and names[-1] in _SLOT_KEYS and ndim > batch_dim:
+        return S.batch_sharding(mesh, ndim, batch_dim)
+    if names[0] == "pixel_values" and ndim == batch_dim + 3:
         return S.batch_sharding(mesh, ndim, batch_dim)
     if names[0] in IMAGE_KEYS or ndim <= batch_dim:
         return S.replicated(mesh)
@@ -124,11 +126,33 @@ def pad_slots_to_mesh(batch: dict, mesh, micro_axis: bool) -> dict:
             "vision": {k: np.stack([x[1][k] for x in micro]) for k in batch["vision"]}}
 
 
+def slot_pixels(pixels, patch_index) -> np.ndarray:
+    """Host pixel rows [..., P, D] -> the vision tower's slot layout [..., S, L, D]
+    (row patch_index[s, j] at [s, j]; zeros where it is -1)."""
+    pixels, index = np.asarray(pixels), np.asarray(patch_index)
+    if pixels.ndim == 2:
+        return _slot_pixels(pixels, index)
+    return np.stack([slot_pixels(p, i) for p, i in zip(pixels, index)])
+
+
+def _slot_pixels(pixels: np.ndarray, index: np.ndarray) -> np.ndarray:
+    out = np.zeros(index.shape + pixels.shape[1:], pixels.dtype)
+    real = index >= 0
+    out[real] = pixels[index[real]]
+    return out
+
+
+def slot_pixels_shape(pixels_shape, patch_index_shape) -> tuple[int, ...]:
+    """Shape of :func:`slot_pixels`' result (planning: nothing is allocated)."""
+    return tuple(patch_index_shape) + (pixels_shape[-1],)
+
+
 def put_batch(batch: dict, mesh, *, micro_axis: bool = True, model_config: Any = None) -> dict:
     """Place a host batch on the mesh: the per-sample dimension of every array is
     sharded over (data, fsdp), and so is the slot dimension of the vision dict's
-    per-slot arrays (padded with empty slots to a multiple of those devices); pixel
-    arrays and per-token vision entries are replicated.
+    per-slot arrays (padded with empty slots to a multiple of those devices) and of the
+    pixels, rearranged into that slot layout (:func:`slot_pixels`); per-token vision
+    entries are replicated.
 
     Multi-process: each process passes its own rows; a batch with images also needs
     ``model_config`` (image token id and merge unit) to join the processes' images
@@ -139,6 +163,8 @@ def put_batch(batch: dict, mesh, *, micro_axis: bool = True, model_config: Any =
                              "the processes' images")
         batch = {**batch, **gather_images(batch, mesh, model_config, micro_axis=micro_axis)}
     batch = pad_slots_to_mesh(batch, mesh, micro_axis)
+    if batch.get("pixel_values") is not None and batch.get("vision"):
+        batch = {**batch, "pixel_values": slot_pixels(batch["pixel_values"], batch["vision"]["patch_index"])}
     batch_dim = 1 if micro_axis else 0
 
     def place(path, x):

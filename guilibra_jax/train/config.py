@@ -31,6 +31,7 @@ def base_config() -> mlc.ConfigDict:
         dtype="bfloat16",    # compute dtype
         param_dtype="float32",  # master weights (and optimizer state)
         remat="none", scan_layers=False, seed=0,
+        attention_block=1024,  # flash-attention tile; sequences longer than it attend blockwise
         tiny=dict(family="qwen2_5_vl", hidden=128, intermediate=256, layers=2, heads=4, kv_heads=2,
                   vision_depth=2, vision_hidden=64, vision_intermediate=128, vision_heads=4, tie=True,
                   mrope_section=()),
@@ -201,6 +202,7 @@ RULES: dict[str, K.Check] = {
     "model.param_dtype": K.one_of(*DTYPE_NAMES),
     "model.remat": K.one_of(*REMATS),
     "model.scan_layers": K.boolean(),
+    "model.attention_block": K.integer(1),
     "model.seed": K.integer(0),
     "model.tiny.family": K.one_of(*FAMILIES),
     "model.tiny.hidden": K.integer(1),

@@ -13,6 +13,7 @@ from flax import nnx
 
 from guilibra_jax import models as M
 from guilibra_jax.errors import ConfigError
+from guilibra_jax.models.attention import BLOCK as ATTENTION_BLOCK
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,8 @@ def build_model(config: Any, tokenizer, mesh=None) -> tuple[M.QwenVL, M.ModelCon
     mc = config.model
     dtype = dtype_of(mc.dtype, "model.dtype")
     param_dtype = dtype_of(mc.param_dtype, "model.param_dtype")
-    kw = dict(dtype=dtype, param_dtype=param_dtype, remat=mc.remat, scan_layers=mc.scan_layers)
+    kw = dict(dtype=dtype, param_dtype=param_dtype, remat=mc.remat, scan_layers=mc.scan_layers,
+              attention_block=mc.get("attention_block", ATTENTION_BLOCK))
     if mc.hf_path:
         if not os.path.isdir(mc.hf_path):
             raise FileNotFoundError(f"model.hf_path: {mc.hf_path!r} is not a folder")
@@ -103,7 +105,7 @@ def model_kwargs(config: Any, dtype: str | None = None) -> dict:
     mc = config.model
     return dict(dtype=dtype_of(dtype or mc.dtype, "model.dtype"),
                 param_dtype=dtype_of(dtype or mc.param_dtype, "model.param_dtype"), remat=mc.remat,
-                scan_layers=mc.scan_layers)
+                scan_layers=mc.scan_layers, attention_block=mc.get("attention_block", ATTENTION_BLOCK))
 
 
 def abstract_model(model_config: M.ModelConfig, mesh, **kw) -> tuple[Any, dict, dict]:
@@ -184,7 +186,8 @@ def load_frozen(path: str, *, dtype: str = "bfloat16", param_dtype: str = "bfloa
     run.model.dtype, run.model.param_dtype = dtype, param_dtype
     model_config = model_config_of(run, tokenizer)
     kw = dict(dtype=dtype_of(dtype, "dtype"), param_dtype=dtype_of(param_dtype, "param_dtype"),
-              remat=run.model.remat, scan_layers=run.model.scan_layers)
+              remat=run.model.remat, scan_layers=run.model.scan_layers,
+              attention_block=run.model.get("attention_block", ATTENTION_BLOCK))
     if mesh is not None:
         graphdef, abstract, shardings = abstract_model(model_config, mesh, **kw)
     else:

@@ -36,7 +36,7 @@ from flax import nnx
 from guilibra_jax import sharding as S
 from guilibra_jax.data import images as I
 from guilibra_jax.models.vision import device_vision_inputs, prepare_vision_inputs
-from guilibra_jax.train.batching import pad_slots_to_mesh, placement
+from guilibra_jax.train.batching import pad_slots_to_mesh, placement, slot_pixels_shape
 
 GIB = 2 ** 30
 HEADROOM = 0.9   # XLA and the runtime keep some memory for themselves (e.g. the GPU allocator's reserve)
@@ -155,12 +155,16 @@ def largest_grid(config, model_config) -> tuple[int, int, int]:
 
 def batch_struct(mesh, host: dict, micro_axis: bool) -> dict:
     """Abstract global batch of host-shaped arrays placed like ``batching.put_batch``:
-    rows and vision slots over (data, fsdp), pixels and per-token vision entries replicated."""
+    rows, vision slots and slot-layout pixels over (data, fsdp), per-token vision entries
+    replicated."""
     host = pad_slots_to_mesh(host, mesh, micro_axis)
 
     def one(path, x):
         x = np.asarray(x)
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placement(path, x.ndim, mesh, micro_axis))
+        shape = x.shape
+        if str(getattr(path[0], "key", path[0])) == "pixel_values" and host.get("vision"):
+            shape = slot_pixels_shape(shape, np.shape(host["vision"]["patch_index"]))
+        return jax.ShapeDtypeStruct(shape, x.dtype, sharding=placement(path, len(shape), mesh, micro_axis))
 
     return jax.tree_util.tree_map_with_path(one, host)
 

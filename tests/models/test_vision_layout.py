@@ -73,7 +73,7 @@ def test_image_features_do_not_depend_on_other_images_or_padding(family):
     assert start == real // mu and together[0].shape[0] == len(both) // mu
 
 
-@pytest.mark.parametrize("chunk", [64, 24])  # one chunk; several with a partial last one
+@pytest.mark.parametrize("chunk", [64, 24])  # dense (T <= block); flash tiles with a partial last one
 def test_varlen_attention_equals_dense_masked_attention(chunk):
   rng = np.random.default_rng(1)
   b, t, n, h = 3, 64, 2, 8
@@ -83,7 +83,7 @@ def test_varlen_attention_equals_dense_masked_attention(chunk):
   real = (jnp.arange(t)[None] < lengths[:, None])[..., None, None]
 
   def ours(q, k, v):
-    return jnp.where(real, varlen_attention(q, k, v, lengths, scale=0.3, query_chunk=chunk), 0)
+    return jnp.where(real, varlen_attention(q, k, v, lengths, scale=0.3, block=chunk), 0)
 
   def dense(q, k, v):
     return jnp.where(real, dot_product_attention(q, k, v, attention_mask(ids, ids, causal=False), scale=0.3), 0)
