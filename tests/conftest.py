@@ -1,4 +1,5 @@
-"""Shared test setup: offline by construction, 8 fake CPU devices available, and one
+"""Shared test setup: offline by construction (tests needing several devices start a
+subprocess with --xla_force_host_platform_device_count), and one
 persistent XLA compilation cache for the whole session (``JAX_COMPILATION_CACHE_DIR``,
 inherited by every ``python -m launch.*`` a test starts, whose ``train.compilation_cache_dir
 = "auto"`` then uses it): the many launches of the same smoke recipes compile once."""

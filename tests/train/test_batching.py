@@ -1,6 +1,7 @@
 """Joining processes' images into the global patch sequence (batching.join_patches)
 gives exactly what prepare_vision_inputs makes for all images of the global batch; the
-single-process put_batch places host arrays unchanged."""
+single-process put_batch places host arrays unchanged except the pixels, which it lays out
+by vision slot (sharded like the slots) without changing the model's output."""
 import jax
 import numpy as np
 import pytest
@@ -10,7 +11,8 @@ from guilibra_jax import sharding as S
 from guilibra_jax.data.collate import round_up
 from guilibra_jax.models.vision import device_vision_inputs
 from guilibra_jax.train import fake_batch as F
-from guilibra_jax.train.batching import gather_images, join_patches, pad_patches, put_batch, stack_micro_batches
+from guilibra_jax.train.batching import (gather_images, join_patches, pad_patches, put_batch, slot_pixels,
+                                        stack_micro_batches)
 
 
 def local_part(grids, cfg, bucket, rng):
@@ -55,57 +57,59 @@ def test_join_rejects_index_beyond_consumed_patches():
         join_patches([(pixels, vision, consumed)], 2 * pixels.shape[0], cfg.vision.merge_unit)
 
 
-def test_single_process_put_batch_keeps_host_arrays():
+def test_single_process_put_batch_keeps_host_arrays_and_lays_pixels_out_by_slot():
     cfg = F.tiny_config()
     host = stack_micro_batches([F.fake_sft_batch(cfg, batch=2, seq_len=48, image_hw=(56, 56), seed=s)
                                 for s in range(2)])
     mesh = S.make_mesh([1, 1, 1], devices=jax.devices()[:1])
     placed = put_batch(host, mesh)
     assert jax.tree.structure(placed) == jax.tree.structure(host)
-    for a, b in zip(jax.tree.leaves(placed), jax.tree.leaves(host)):
+    pixels, index = host["pixel_values"], host["vision"]["patch_index"]
+    want = {**host, "pixel_values": slot_pixels(pixels, index)}
+    for a, b in zip(jax.tree.leaves(placed), jax.tree.leaves(want)):
         assert a.shape == b.shape and a.dtype == b.dtype
         np.testing.assert_array_equal(np.asarray(a), b)
+    # slot s, position j holds pixel row patch_index[s, j]; padding positions are zero
+    got = np.asarray(placed["pixel_values"])
+    for m in range(len(pixels)):
+        for (s, j), row in np.ndenumerate(index[m]):
+            np.testing.assert_array_equal(got[m, s, j], pixels[m, row] if row >= 0 else 0)
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
-def test_micro_batches_of_different_patch_buckets_stack_with_inert_padding(family):
+def test_model_output_is_the_same_from_pixel_rows_and_from_slot_layout(family):
+    import jax.numpy as jnp
+    from flax import nnx
     cfg = F.tiny_config(family)
-    rng = np.random.default_rng(1)
-    grids = [[(1, 4, 6)], [(1, 8, 8), (1, 4, 4)]]
-    micro = []
-    for g in grids:
-        pixels, vision, _ = local_part(g, cfg, bucket=32, rng=rng)
-        micro.append({"input_ids": np.zeros((2, 8), np.int32), "pixel_values": pixels, "vision": vision})
-    assert micro[0]["pixel_values"].shape[0] < micro[1]["pixel_values"].shape[0]
-    stacked = stack_micro_batches(micro)
-    n = micro[1]["pixel_values"].shape[0]
-    assert stacked["pixel_values"].shape == (2, n, cfg.vision.patch_dim)
-    slots, slot_len = micro[1]["vision"]["patch_index"].shape  # the larger layout of the two
-    expected = device_vision_inputs(M.prepare_vision_inputs(np.asarray(grids[0]), cfg, num_patches=n,
-                                                            num_slots=slots, slot_len=slot_len))
-    for k in expected:
-        np.testing.assert_array_equal(stacked["vision"][k][0], expected[k], err_msg=k)
-        np.testing.assert_array_equal(stacked["vision"][k][1], micro[1]["vision"][k], err_msg=k)
-    p0 = micro[0]["pixel_values"]
-    np.testing.assert_array_equal(stacked["pixel_values"][0, :len(p0)], p0)
-    assert not stacked["pixel_values"][0, len(p0):].any()
+    hw = (56, 84) if family == "qwen2_5_vl" else (64, 96)   # whole merged units of each patch size
+    b = F.fake_sft_batch(cfg, batch=2, seq_len=48, image_hw=hw, seed=3)
+    model = M.QwenVL(cfg, rngs=nnx.Rngs(0))
+    args = [jnp.asarray(b[k]) for k in ("input_ids", "positions", "segment_ids")]
+    rows = model(*args, jnp.asarray(b["pixel_values"]), b["vision"])
+    slots = model(*args, jnp.asarray(slot_pixels(b["pixel_values"], b["vision"]["patch_index"])), b["vision"])
+    np.testing.assert_array_equal(np.asarray(rows), np.asarray(slots))
 
 
-def test_micro_batches_of_different_lengths_are_rejected_by_name():
-    a = {"input_ids": np.zeros((2, 8), np.int32)}
-    b = {"input_ids": np.zeros((2, 16), np.int32)}
-    with pytest.raises(ValueError, match="input_ids"):
-        stack_micro_batches([a, b])
+SHARDED_PIXELS = r"""
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax
+from guilibra_jax import sharding as S
+from guilibra_jax.train import fake_batch as F
+from guilibra_jax.train.batching import put_batch
+host = F.fake_sft_batch(F.tiny_config(), batch=4, seq_len=48, image_hw=(56, 56), seed=0)
+placed = put_batch(host, S.make_mesh([1, 4, 1], devices=jax.devices()[:4]), micro_axis=False)
+px = placed["pixel_values"]
+print(px.shape, sorted({sh.data.shape for sh in px.addressable_shards}))
+"""
 
 
-@pytest.mark.parametrize("micro_axis", [True, False])
-def test_gather_images_of_one_process_returns_its_own_images(micro_axis):
-    cfg = F.tiny_config()
-    batch = F.fake_sft_batch(cfg, batch=2, seq_len=48, image_hw=(56, 84))
-    batch["pixel_values"], batch["vision"] = pad_patches(batch["pixel_values"], batch["vision"], 64)
-    host = stack_micro_batches([batch, batch]) if micro_axis else batch
-    mesh = S.make_mesh([1, 1, 1], devices=jax.devices()[:1])
-    out = gather_images(host, mesh, cfg, micro_axis=micro_axis)
-    np.testing.assert_array_equal(out["pixel_values"], host["pixel_values"])
-    for k, v in host["vision"].items():
-        np.testing.assert_array_equal(out["vision"][k], v, err_msg=k)
+def test_slot_layout_pixels_are_sharded_over_the_batch_devices():
+    """4 fake devices (a subprocess): each holds a quarter of the slots' pixels."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", SHARDED_PIXELS], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    shape, shards = out.stdout.strip().split(" [")
+    s, l, d = eval(shape)
+    assert s % 4 == 0 and eval("[" + shards) == [(s // 4, l, d)]
