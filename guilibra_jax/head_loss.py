@@ -31,6 +31,8 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
+from guilibra_jax import sharding as S
+
 Array = jax.Array
 
 
@@ -75,7 +77,8 @@ def _forward(h, w, targets, coef, valid, n, chunk, min_chunk, with_grad):
     def chunk_terms(start, size):
         """One chunk's contributions, padded to `chunk` positions."""
         hc, tc, cc, vc = (_slice(x, start, size) for x in (h, targets, coef, valid))
-        logits = jnp.einsum("bcd,vd->bcv", hc, w, preferred_element_type=acc)
+        # rows stay over the batch devices (else GSPMD may form every row's logits everywhere)
+        logits = S.constrain_batch(jnp.einsum("bcd,vd->bcv", S.constrain_batch(hc), w, preferred_element_type=acc))
         lse = jax.nn.logsumexp(logits, axis=-1)
         nll = jnp.where(vc, lse - jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0], 0.0)
         pad = lambda x: jnp.pad(x, ((0, 0), (0, chunk - size)) + ((0, 0),) * (x.ndim - 2))
@@ -84,8 +87,9 @@ def _forward(h, w, targets, coef, valid, n, chunk, min_chunk, with_grad):
             vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 2)
             p = jnp.exp(logits - lse[..., None])
             g = jnp.where(vc[..., None], cc[..., None] * jnp.where(vocab == tc[..., None], p - 1.0, p), 0.0)
-            g = g.astype(w.dtype)
-            out["dh"] = pad(jnp.einsum("bcv,vd->bcd", g, w, preferred_element_type=acc).astype(h.dtype))
+            g = S.constrain_batch(g.astype(w.dtype))
+            dh = S.constrain_batch(jnp.einsum("bcv,vd->bcd", g, w, preferred_element_type=acc))
+            out["dh"] = pad(dh.astype(h.dtype))
             out["dw"] = jnp.einsum("bcv,bcd->vd", g, hc, preferred_element_type=acc)
         return out
 

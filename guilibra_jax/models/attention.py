@@ -181,6 +181,10 @@ def _forward(q, k, v, qseg, kseg, q_offset, scale, causal, block):
 
   def q_tile(xs):
     qi, qseg_i, i = xs
+    # Ties the tile masks to the layer's activations: without it, JAX's scan partial
+    # evaluation hoists everything that depends only on the segment ids (the same in every
+    # layer of a scanned stack) out of the layer loop, stacked over all [nq, nk] tiles.
+    qi, qseg_i = jax.lax.optimization_barrier((qi, qseg_i))
 
     def kv_tile(carry, ys):
       kj, vj, kseg_j, j = ys
@@ -188,9 +192,10 @@ def _forward(q, k, v, qseg, kseg, q_offset, scale, causal, block):
 
       def update(c):
         o, m, l = c
-        s = jnp.where(mask[:, None, None], _scores(qi, kj, scale), _NEG)
+        keep = mask[:, None, None].astype(acc)   # masking by arithmetic: no constant tiles to hoist
+        s = _scores(qi, kj, scale) + (1.0 - keep) * _NEG
         m_new = jnp.maximum(m, s.max(-1))
-        p = jnp.where(mask[:, None, None], jnp.exp(s - m_new[..., None]), 0.0)
+        p = jnp.exp(s - m_new[..., None]) * keep
         corr = jnp.exp(m - m_new)
         l = l * corr + p.sum(-1)
         pv = jnp.einsum("bkgqs,bskh->bqkgh", p.astype(vj.dtype), vj, preferred_element_type=acc)
@@ -238,13 +243,14 @@ def _flash_bwd(scale, causal, block, res, dout):
   def q_tile(carry, xs):
     dk_acc, dv_acc = carry
     qi, doi, lse_i, d_i, qseg_i, i = xs
+    qi, doi, lse_i, d_i, qseg_i = jax.lax.optimization_barrier((qi, doi, lse_i, d_i, qseg_i))  # as in _forward
 
     def kv_tile(dq, ys):
       kj, vj, kseg_j, j = ys
       mask, live = _tile_mask(qseg_i, kseg_j, i, j, q_offset, causal, block)
 
       def grads(dq):
-        p = jnp.where(mask[:, None, None], jnp.exp(_scores(qi, kj, scale) - lse_i[..., None]), 0.0)
+        p = jnp.exp(_scores(qi, kj, scale) - lse_i[..., None]) * mask[:, None, None].astype(acc)
         dv = jnp.einsum("bkgqs,bqkgh->bskh", p.astype(doi.dtype), doi, preferred_element_type=acc)
         dp = jnp.einsum("bqkgh,bskh->bkgqs", doi, vj, preferred_element_type=acc)
         ds = p * (dp - d_i[..., None]) * scale

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from guilibra_jax import sharding as S
 from guilibra_jax.models.attention import dot_product_attention
 from guilibra_jax.models.config import ModelConfig, TextConfig
 from guilibra_jax.models.layers import Embed, Linear, RMSNorm, apply_rope, text_rope
@@ -108,6 +109,7 @@ class TextModel(nnx.Module):
     """
     tc = self.tc
     cos, sin = text_rope(positions, tc.head_dim, tc.rope_theta, tc.mrope_section, tc.mrope_interleaved)
+    h = S.constrain_batch(h)   # rows over (data, fsdp) in every layer: the FSDP layout
     if self.scan_layers:
       gdef, stacked = nnx.split(self.layers)
 
@@ -115,7 +117,7 @@ class TextModel(nnx.Module):
         x, kv = nnx.merge(gdef, layer_state)(x, cos, sin, mask, kv, index)
         if deepstack_add is not None and n_deepstack:
           x = jax.lax.cond(i < n_deepstack, lambda: x + deepstack_add(jnp.minimum(i, n_deepstack - 1)), lambda: x)
-        return x, kv
+        return S.constrain_batch(x), kv
 
       step = self._checkpointed(one_layer)
 
@@ -134,7 +136,7 @@ class TextModel(nnx.Module):
 
       def one_layer(st, x, kv, g=gdef, add=add, i=i):
         x, kv = nnx.merge(g, st)(x, cos, sin, mask, kv, index)
-        return (x if add is None else x + add(i)), kv
+        return S.constrain_batch(x if add is None else x + add(i)), kv
 
       kv = None if cache is None else (cache[0][i], cache[1][i])
       h, kv = self._checkpointed(one_layer)(layer_state, h, kv)

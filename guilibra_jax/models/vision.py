@@ -410,12 +410,6 @@ def _slot_gather(index):
 
 
 def _shard_slots(x):
-  """Keep [S, ...] activations sharded over the batch mesh axes when a mesh is in context
-  (jax.set_mesh); without one this is a no-op and sharding follows the inputs' (the slot
-  arrays are placed sharded over the batch axes by train/batching.put_batch)."""
-  mesh = jax.sharding.get_abstract_mesh()
-  axes = tuple(a for a in S.BATCH_AXES if a in mesh.axis_names)
-  if not axes or x.shape[0] % math.prod(mesh.shape[a] for a in axes):
-    return x
-  spec = jax.sharding.PartitionSpec(axes, *([None] * (x.ndim - 1)))
-  return jax.lax.with_sharding_constraint(x, spec)
+  """Keep [S, ...] activations sharded over the batch mesh axes (see S.constrain_batch; the
+  slot arrays are placed sharded over the batch axes by train/batching.put_batch)."""
+  return S.constrain_batch(x, 0)

@@ -145,7 +145,8 @@ def train(config, workdir: str, *, data_factory: Callable | None = None) -> dict
     del params
 
     step_fn = sft_step_from_config(config, graphdef, tx, schedule)
-    jit_step = jax.jit(step_fn, in_shardings=(state_sh, None), out_shardings=(state_sh, None), donate_argnums=0)
+    jit_step = jax.jit(S.traced_on(mesh, step_fn), in_shardings=(state_sh, None), out_shardings=(state_sh, None),
+                       donate_argnums=0)
     if tc.memory_plan:
         from guilibra_jax.train import plan as PLAN
         report = PLAN.plan_sft(config, mesh, graphdef, state, state_sh, jit_step, model_config,

@@ -321,10 +321,11 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
               "pixel_values": pv, "vision": vision}
     b = batch_struct(mesh, prompt, micro_axis=False)
     key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=S.replicated(mesh))
-    compiled = compile_program(G._generate_jit.lower(s.graphdef, abs_state["params"], b["prompt_ids"],
-                                                     b["prompt_mask"], b["positions"], b["rope_deltas"],
-                                                     b["pixel_values"], b["vision"], key, s.sampling),
-                               (abs_state["params"], b))
+    with S.mesh_context(mesh):
+        lowered = G._generate_jit.lower(s.graphdef, abs_state["params"], b["prompt_ids"], b["prompt_mask"],
+                                        b["positions"], b["rope_deltas"], b["pixel_values"], b["vision"], key,
+                                        s.sampling)
+    compiled = compile_program(lowered, (abs_state["params"], b))
     st = compiled_stats(compiled)
     st["resident_args"] = resident["policy_params"]
     st["kv_cache_estimate"] = kv_cache_bytes(mc, gen_rows, T - 1, config.model.dtype, mesh)
@@ -338,10 +339,11 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     b = batch_struct(mesh, seq, micro_axis=False)
     scored = [] if rl_loop.reuse_sampler_log_probs(rl) else [("policy", s.graphdef, abs_state["params"])]
     for name, gd, params in scored + [(n, f.graphdef, abstract(f.params)) for n, f in s.frozen.items()]:
-        compiled = compile_program(G.score.lower(gd, params, b["input_ids"], b["positions"], b["segment_ids"],
-                                                 b["pixel_values"], b["vision"], b["response_mask"],
-                                                 temperature=float(rl.temperature), chunk_size=s.chunk,
-                                                 banned_token_ids=s.banned), (params, b))
+        with S.mesh_context(mesh):
+            lowered = G.score.lower(gd, params, b["input_ids"], b["positions"], b["segment_ids"], b["pixel_values"],
+                                    b["vision"], b["response_mask"], temperature=float(rl.temperature),
+                                    chunk_size=s.chunk, banned_token_ids=s.banned)
+        compiled = compile_program(lowered, (params, b))
         st = compiled_stats(compiled)
         st["resident_args"] = per_device_bytes(params)
         programs[f"score_{name}"] = st
@@ -485,7 +487,8 @@ def _plan_sft(config, mesh, tokenizer, device_memory_gib, hosts):
     tx, schedule = optimizer_from_config(config, params, config.train.steps)
     state, state_sh = sharded_state(params, tx, param_sh, mesh, materialize=False)
     step = sft_step_from_config(config, graphdef, tx, schedule)
-    jit_step = jax.jit(step, in_shardings=(state_sh, None), out_shardings=(state_sh, None), donate_argnums=0)
+    jit_step = jax.jit(S.traced_on(mesh, step), in_shardings=(state_sh, None), out_shardings=(state_sh, None),
+                       donate_argnums=0)
     return plan_sft(config, mesh, graphdef, state, state_sh, jit_step, mc, device_memory_gib, hosts)
 
 

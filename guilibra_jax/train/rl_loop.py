@@ -137,7 +137,8 @@ def setup(config, mesh, tokenizer, *, materialize: bool = True) -> tuple[Stage2,
     step_fn = make_rl_step(graphdef, tx, loss=config.method, loss_kwargs=loss_kwargs(config),
                            temperature=rl.temperature, chunk_size=rl.score_chunk or None, banned_token_ids=banned,
                            schedule=schedule)
-    update_fn = jax.jit(step_fn, in_shardings=(state_sh, None), out_shardings=(state_sh, None), donate_argnums=0)
+    update_fn = jax.jit(S.traced_on(mesh, step_fn), in_shardings=(state_sh, None), out_shardings=(state_sh, None),
+                        donate_argnums=0)
     pad_id, stop = special_ids(tokenizer, model_config)
     sampling = G.SamplingConfig(temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k,
                                 max_new_tokens=rl.max_new_tokens, stop_token_ids=stop, pad_token_id=pad_id,
@@ -221,9 +222,10 @@ def rollout(s: Stage2, params, batch: dict, key) -> RO.Rollout:
     for c, rows in enumerate(row_chunks(ro.rows, local_chunk(s, s.rl.get("generation_rows", 0)))):
         part = ro if len(rows) == ro.rows else RO.take_rows(ro, rows)
         inputs = device_inputs(s, RO.prompt_inputs(part, s.model_config, s.patch_bucket))
-        out = G.generate(s.graphdef, params, inputs["prompt_ids"], inputs["prompt_mask"], inputs["positions"],
-                         inputs["rope_deltas"], inputs["pixel_values"], inputs["vision"],
-                         key if c == 0 else jax.random.fold_in(key, c), s.sampling)
+        with S.mesh_context(s.mesh):
+            out = G.generate(s.graphdef, params, inputs["prompt_ids"], inputs["prompt_mask"], inputs["positions"],
+                             inputs["rope_deltas"], inputs["pixel_values"], inputs["vision"],
+                             key if c == 0 else jax.random.fold_in(key, c), s.sampling)
         outs.append([MH.local_rows(x, s.mesh) for x in (out.tokens, out.lengths, out.logprobs)])
     ro.tokens, ro.lengths, ro.sample_logp = (np.concatenate(x) for x in zip(*outs))
     ro.texts = [G.decode_response(s.tokenizer, ro.tokens[i, :ro.lengths[i]], s.stop) for i in range(ro.rows)]
@@ -341,7 +343,9 @@ def score(s: Stage2, params, ro: RO.Rollout) -> Scores:
         for part in row_chunks(len(rows), size):
             fseq = device_inputs(s, RO.sequence_batch(ro, rows[part], f.model_config, s.patch_bucket, s.pad_id,
                                                       n_slots))
-            out.append(MH.local_rows(FZ.score(f, fseq, **kw), s.mesh))
+            with S.mesh_context(s.mesh):
+                logp = FZ.score(f, fseq, **kw)
+            out.append(MH.local_rows(logp, s.mesh))
         return np.concatenate(out)
 
     if reuse_sampler_log_probs(s.rl):   # the sampler scored the same policy's distribution
