@@ -15,16 +15,25 @@ Sizes (model.tiny.*; the vocabulary is the synthetic world's tokenizer, data.syn
   bench100m  benchmarks/_common.py's bench100m shapes (text 512 x 8, vision 384 x 4); with the
              synthetic 1k vocabulary instead of Qwen's 152k it has ~30M parameters, not ~113M.
 
+Shared prefill (``prefill`` in the JSON; --prefill_rounds, 0 = off): after the run, the sampler
+(``rl_loop.rollout``: generate, decode) on the same prompt batches and keys with each prompt's
+prefill shared by its G rows (rl.share_prefill=True: vision tower + prompt once per prompt, the KV
+cache repeated) and without (every row prefills its own copy of the prompt), the two sides
+interleaved round by round (which goes first alternates), the first (compiling) round untimed.
+It reports both sides' times, the speedup, and whether they sampled identical tokens (they must).
+
   python -m benchmarks.rl_step                                   # tiny, 2 prompts x G=4, 4 steps
   python -m benchmarks.rl_step --size=medium --prompts=4 --group=8 --max_new_tokens=64 --steps=4
+  python -m benchmarks.rl_step --size=bench100m --prompts=8 --group=8 --prefill_rounds=5
   python -m benchmarks.rl_step --set rl.minibatches=1 --set model.dtype=bfloat16
 
-Prints one JSON line.
+Writes benchmarks/results/rl_step-<size>-<dtype>-<machine>.json (see --out_dir) and prints it.
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -43,6 +52,8 @@ distributed.apply_gpu_xla_flags()  # before jax initialises its backends, as lau
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+
+from benchmarks import _common as C  # noqa: E402
 
 SIZES = {
     "tiny": {},
@@ -113,7 +124,48 @@ def summarize(rows: list[dict], config) -> dict:
     return out
 
 
-def main():
+def compare_prefill(config, workdir: str, rounds: int) -> dict:
+    """Sampler seconds per round with the prefill shared by each group and without, interleaved
+    on the same prompt batches and keys (a fresh policy of the run's config and seed)."""
+    from guilibra_jax.data.pipeline import make_rl_loader
+    from guilibra_jax.train import data_source, rl_loop
+    from guilibra_jax.train import multihost as MH
+
+    mesh = MH.run_mesh(config)
+    tokenizer = data_source.prepare_tokenizer(config, workdir)
+    shared, state, _ = rl_loop.setup(config, mesh, tokenizer)
+    plain_config = config.copy_and_resolve_references()
+    plain_config.rl.share_prefill = False
+    sides = {"shared": shared, "unshared": dataclasses.replace(shared, config=plain_config)}
+    loader = make_rl_loader(data_source.data_config(config, data_source.train_files(config, workdir)), tokenizer,
+                            shared.model_config, shard_index=jax.process_index(), shard_count=jax.process_count())
+    prompts = rl_loop.Prompts(loader)
+    times = {name: [] for name in sides}
+    same, rows = True, 0
+    try:
+        for r in range(rounds + 1):     # round 0 compiles both sides
+            batch, key = next(prompts), jax.random.PRNGKey(1000 + r)
+            order = list(sides) if r % 2 == 0 else list(sides)[::-1]
+            out = {}
+            for name in order:
+                t0 = time.perf_counter()
+                out[name] = rl_loop.rollout(sides[name], state["params"], batch, key)
+                if r:
+                    times[name].append(time.perf_counter() - t0)
+            same &= bool(np.array_equal(out["shared"].tokens, out["unshared"].tokens)
+                         and np.array_equal(out["shared"].lengths, out["unshared"].lengths))
+            rows = out["shared"].rows
+    finally:
+        prompts.close()
+    mean = {name: float(np.mean(t)) for name, t in times.items()}
+    return {"rounds": rounds, "rows_per_round": rows, "group": config.rl.group_size,
+            "shared_s": round(mean["shared"], 4), "unshared_s": round(mean["unshared"], 4),
+            "shared_s_each": [round(t, 4) for t in times["shared"]],
+            "unshared_s_each": [round(t, 4) for t in times["unshared"]],
+            "speedup": round(mean["unshared"] / mean["shared"], 3), "identical_tokens": same}
+
+
+def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/grpo_demo.py:smoke", help="recipe file[:arg]")
     ap.add_argument("--size", default="tiny", choices=sorted(SIZES), help="model.tiny.* preset")
@@ -124,7 +176,12 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="model.dtype (compute)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any other config override")
     ap.add_argument("--workdir", default="", help="a new folder to keep the run in (default: a temp folder, removed)")
-    args = ap.parse_args()
+    ap.add_argument("--prefill_rounds", type=int, default=3,
+                    help="timed sampler rounds per side, prefill shared vs not (0 = skip the comparison)")
+    C.add_result_args(ap)
+    args = ap.parse_args(argv)
+    if args.prefill_rounds < 0:
+        raise SystemExit(f"--prefill_rounds={args.prefill_rounds}: expected >= 0")
     if args.steps < 2:
         raise SystemExit("--steps must be >= 2: the first step compiles and is not averaged")
     if args.workdir and os.path.exists(os.path.join(args.workdir, "metrics.jsonl")):
@@ -136,8 +193,10 @@ def main():
     from guilibra_jax.train import data_source, model_factory
     from guilibra_jax.train.rl_loop import train_rl
 
+    start = C.run_start()
     config = build_config(args)
     run_config.validate(config)
+    prefill = None
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or tmp
         t0 = time.perf_counter()
@@ -148,6 +207,8 @@ def main():
         tokenizer = data_source.prepare_tokenizer(config, workdir)
         params = param_count(model_factory.tiny_model_config(config.model.tiny, tokenizer)) \
             if not config.model.hf_path and config.model.name == "tiny" else None
+        if args.prefill_rounds:
+            prefill = compare_prefill(config, workdir, args.prefill_rounds)
     row = {"benchmark": "rl_step", "config": args.config, "size": args.size, "params": params,
            "method": config.method, "backend": jax.default_backend(), "devices": jax.device_count(),
            "prompts": config.data.batch_size, "group": config.rl.group_size, "rows": config.data.batch_size *
@@ -155,7 +216,8 @@ def main():
            "ppo_epochs": config.rl.ppo_epochs, "dtype": config.model.dtype, "steps": len(rows),
            "wall_s": round(wall_s, 2), "setup_s": round(wall_s - sum(r["step_s"] for r in rows), 2)}
     row.update(summarize(rows, config))
-    print(json.dumps(row))
+    row["prefill"] = prefill
+    return C.report("rl_step", f"rl_step-{args.size}-{args.dtype}", row, args, start)
 
 
 if __name__ == "__main__":

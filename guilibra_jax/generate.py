@@ -11,6 +11,9 @@ Three entry points:
   exits as soon as every row has emitted a stop token (or ``max_new_tokens`` are out).
   Nothing leaves the device inside the loop, so it runs unchanged with parameters sharded
   on a mesh (XLA propagates the shardings into the cache).
+  With ``copies = G`` the prompt arrays hold B / G distinct prompts: the vision tower and
+  the prefill run once per prompt and the prefill's KV cache is shared by (repeated for)
+  its G sampled rows (:func:`share_rows`), as GRPO's groups need.
 * :func:`score` (jit): per-token log-probs of given sequences under the model, for the
   RL trainers' old / reference / teacher log-probs.
 
@@ -38,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from guilibra_jax.models.config import ModelConfig
 from guilibra_jax.models.rope_index import get_rope_index
@@ -171,16 +175,46 @@ def decode_positions(prompt_mask: Array, rope_deltas: Array) -> Array:
     return n_real + rope_deltas.astype(jnp.int32)
 
 
+# Row axis of each KV-cache entry (models/text.py ``init_cache``); "index" is a scalar.
+CACHE_ROW_AXIS = {"k": 1, "v": 1, "segment_ids": 0, "decode_segment": 0}
+
+
+def share_rows(logits: Array, cache: dict, first_pos: Array, copies: int, row_sharding=None):
+    """The prefill of B / ``copies`` prompts made the start of B rows: row ``p * copies + j``
+    is copy j of prompt p (``jnp.repeat``, the order of ``rollout.expand_groups``) in the
+    last logits [B, V], every row-indexed cache entry and the first decode positions [B].
+
+    ``row_sharding`` (None, or (mesh, axes) of the prompt rows) keeps the repeated cache's
+    rows sharded over those mesh axes, as the prompts' (the cache is the big one: the
+    logits and positions follow it)."""
+    rep = lambda x, axis: jnp.repeat(x, copies, axis=axis)  # noqa: E731
+    logits, first_pos = rep(logits, 0), rep(first_pos, 0)
+    cache = {key: rep(x, CACHE_ROW_AXIS[key]) if key in CACHE_ROW_AXIS else x for key, x in cache.items()}
+    if row_sharding is not None:
+        mesh, axes = row_sharding
+
+        def keep(x, axis):   # the row axis as the prompts'; XLA chooses the others (kv heads over tensor)
+            spec = [PartitionSpec.UNCONSTRAINED] * x.ndim
+            spec[axis] = axes
+            return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
+
+        cache = {key: keep(x, CACHE_ROW_AXIS[key]) if key in CACHE_ROW_AXIS else x for key, x in cache.items()}
+    return logits, cache, first_pos
+
+
 def _generate(graphdef, params, prompt_ids, prompt_mask, positions, rope_deltas, pixel_values, vision, rng,
-              config: SamplingConfig) -> GenerationOutput:
+              config: SamplingConfig, copies: int = 1, row_sharding=None) -> GenerationOutput:
     model = nnx.merge(graphdef, params)
-    b, t = prompt_ids.shape
+    _, t = prompt_ids.shape
+    b = prompt_ids.shape[0] * copies
     n = config.max_new_tokens
     pad = jnp.int32(config.pad_token_id)
     seg = (prompt_mask != 0).astype(jnp.int32)
     logits, cache = model.prefill(prompt_ids.astype(jnp.int32), positions.astype(jnp.int32), seg, pixel_values,
                                   vision, cache_size=t + n - 1)
     first_pos = decode_positions(seg, rope_deltas)
+    if copies > 1:
+        logits, cache, first_pos = share_rows(logits, cache, first_pos, copies, row_sharding)
     stop = jnp.asarray(config.stop_token_ids or (-1,), jnp.int32)
 
     def emit(i, logits, tokens, logprobs, lengths, done):
@@ -220,32 +254,51 @@ def _generate(graphdef, params, prompt_ids, prompt_mask, positions, rope_deltas,
     return GenerationOutput(tokens, logprobs, lengths, done, steps)
 
 
-_generate_jit = jax.jit(_generate, static_argnames=("graphdef", "config"))
+_generate_jit = jax.jit(_generate, static_argnames=("graphdef", "config", "copies", "row_sharding"))
+
+
+def _row_sharding(prompt_ids):
+    """(mesh, mesh axes of the row dimension) of prompts placed with a NamedSharding, else None."""
+    sh = getattr(prompt_ids, "sharding", None)
+    if not isinstance(sh, NamedSharding):
+        return None
+    return sh.mesh, (sh.spec[0] if len(sh.spec) else None)
 
 
 def generate(graphdef: nnx.GraphDef, params: Any, prompt_ids, prompt_mask, positions, rope_deltas, pixel_values,
-             vision, rng, config: SamplingConfig) -> GenerationOutput:
+             vision, rng, config: SamplingConfig, copies: int = 1) -> GenerationOutput:
     """Sample up to ``config.max_new_tokens`` tokens after each left-padded prompt.
 
     Args:
       graphdef: the model's graphdef (static), e.g. from ``nnx.split(model, nnx.Param, ...)``.
       params: the model's pure parameter dict (``nnx.to_pure_dict(nnx.state(model, nnx.Param))``),
         possibly sharded on a mesh.
-      prompt_ids [B, T] int: LEFT-padded prompts (every row's last slot is a real token).
-      prompt_mask [B, T]: 1 = real token, 0 = padding.
-      positions [3, B, T], rope_deltas [B]: from guilibra's ``get_rope_index`` (see
+      prompt_ids [B', T] int: LEFT-padded prompts (every row's last slot is a real token);
+        B' = B / copies.
+      prompt_mask [B', T]: 1 = real token, 0 = padding.
+      positions [3, B', T], rope_deltas [B']: from guilibra's ``get_rope_index`` (see
         :func:`prepare_prompts`), whose deltas count real tokens only. transformers' own
         ``rope_deltas`` are relative to the padded length T instead; do not mix them.
       pixel_values [P, C*t*p*p] or None, vision: the device dict of the prompts' images (or None).
       rng: a PRNG key (unused when greedy).
       config: :class:`SamplingConfig` (static).
+      copies: (static) rows sampled per prompt. The prompt arrays hold B' = B / copies
+        distinct prompts (their images only); the vision tower and the prefill run on those, and
+        their KV cache is repeated for the B = rows x copies sampled rows (:func:`share_rows`):
+        output row ``p * copies + j`` is sample j of prompt p, exactly what ``copies = 1`` on
+        the prompts repeated that way gives (same key, same tokens; log-probs up to float
+        rounding of the smaller prefill). 1: every row is its own prompt.
 
-    Returns a :class:`GenerationOutput`. Compiled once per (shapes, graphdef, config).
+    Returns a :class:`GenerationOutput` of B rows. Compiled once per (shapes, graphdef,
+    config, copies).
     """
     if not isinstance(config, SamplingConfig):
         raise TypeError(f"config must be a SamplingConfig, got {type(config).__name__}")
+    if not isinstance(copies, (int, np.integer)) or copies < 1:
+        raise ValueError(f"copies must be a positive integer, got {copies!r}")
+    copies = int(copies)
     return _generate_jit(graphdef, params, prompt_ids, prompt_mask, positions, rope_deltas, pixel_values, vision,
-                         rng, config)
+                         rng, config, copies, _row_sharding(prompt_ids) if copies > 1 else None)
 
 
 def decode_response(tokenizer: Any, ids, stop_token_ids: Sequence[int] = ()) -> str:

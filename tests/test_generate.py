@@ -3,6 +3,7 @@ renormalised sampling distributions, and log_softmax of the full forward for sco
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -194,6 +195,75 @@ def test_rows_stop_independently_and_loop_exits_early():
     assert int(out.steps) == max(want_len) - 1 < N_NEW - 1  # early exit once every row is done
 
 
+# ----------------------------------------------------------------------------- shared prefill (copies)
+COPIES = 3
+
+
+def shared_and_repeated(config, copies=COPIES, family="qwen2_5_vl"):
+    """(host-repeated prompts dict, generate on it, distinct prompts dict, generate with copies):
+    the reference repeats every prompt (its image included) ``copies`` times on the host, row
+    p * copies + j = prompt p, as rollout.expand_groups; both calls use the same key."""
+    cfg, graphdef, params = tiny(family)
+    prompts = prompts_for(cfg, family)
+    shared = G.prepare_prompts(prompts, cfg, pad_id=0)
+    repeated = G.prepare_prompts([p for p in prompts for _ in range(copies)], cfg, pad_id=0)
+
+    def call(p, c):
+        return jax.tree.map(np.asarray, G.generate(graphdef, params, p["prompt_ids"], p["prompt_mask"],
+                                                   p["positions"], p["rope_deltas"], p["pixel_values"], p["vision"],
+                                                   jax.random.key(5), config, copies=c))
+    return repeated, call(repeated, 1), shared, call(shared, copies)
+
+
+@pytest.mark.parametrize("temperature,top_p,top_k", [(0.0, 1.0, 0), (1.0, 1.0, 0), (0.7, 0.9, 20)])
+def test_shared_prefill_equals_generate_on_repeated_prompts(temperature, top_p, top_k):
+    """generate(copies=3) on 4 distinct prompts (two with an image) = generate on the 12
+    host-repeated rows: the same tokens, lengths and stops. Log-probs: atol 2e-5, because the
+    prefill runs at 4 rows instead of 12 and XLA's CPU matmuls block the row dimension
+    differently per batch size, so a row's activations may differ in the last float32 bits
+    (measured 3e-6 on log-probs of size ~5; float32 eps x 5 = 6e-7, through 2 layers and a
+    256-way log-softmax). The decode loop runs at 12 rows in both."""
+    config = G.SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=N_NEW,
+                              pad_token_id=0)
+    repeated, want, shared, got = shared_and_repeated(config)
+    assert shared["pixel_values"].shape[0] * COPIES == repeated["pixel_values"].shape[0]   # images once per prompt
+    assert got.tokens.shape == want.tokens.shape == (4 * COPIES, N_NEW)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_array_equal(got.lengths, want.lengths)
+    np.testing.assert_array_equal(got.done, want.done)
+    np.testing.assert_allclose(got.logprobs, want.logprobs, atol=2e-5, rtol=0)
+    # the prompts differ, and (sampled) the copies of a prompt drew different responses
+    assert len({tuple(r) for r in got.tokens[::COPIES]}) == 4
+    if temperature > 0:
+        assert all(len({tuple(r) for r in got.tokens[p * COPIES:(p + 1) * COPIES]}) > 1 for p in range(4))
+
+
+def test_shared_prefill_runs_the_prompt_at_the_distinct_rows():
+    """The traced program of generate(copies=3) holds the prompt's hidden states [4, T, D]
+    (vision features merged in) and never [12, T, D]: the prefill runs once per distinct
+    prompt. The same check on the host-repeated call finds [12, T, D], so it can fail."""
+    cfg, graphdef, params = tiny("qwen2_5_vl")
+    config = G.SamplingConfig(temperature=1.0, max_new_tokens=N_NEW, pad_token_id=0)
+    t, d = 19, cfg.text.hidden_size   # a prompt width no weight or head shape has
+    p = G.prepare_prompts(prompts_for(cfg, "qwen2_5_vl"), cfg, pad_id=0, bucket_len=t)
+    reps = G.prepare_prompts([q for q in prompts_for(cfg, "qwen2_5_vl") for _ in range(COPIES)], cfg, pad_id=0,
+                             bucket_len=t)
+
+    def prompt_row_counts(q, copies):
+        def run(params, *xs):
+            return G.generate(graphdef, params, *xs, jax.random.key(0), config, copies=copies)
+        jaxpr = jax.make_jaxpr(run)(params, q["prompt_ids"], q["prompt_mask"], q["positions"], q["rope_deltas"],
+                                    q["pixel_values"], q["vision"])
+        out_rows = jaxpr.out_avals[0].shape[0]
+        return out_rows, {int(m) for m in re.findall(rf"f32\[(\d+),{t},{d}\]", str(jaxpr))}
+
+    assert prompt_row_counts(p, COPIES) == (4 * COPIES, {4})
+    assert prompt_row_counts(reps, 1) == (4 * COPIES, {4 * COPIES})
+    with pytest.raises(ValueError, match="copies"):
+        G.generate(graphdef, params, p["prompt_ids"], p["prompt_mask"], p["positions"], p["rope_deltas"],
+                   p["pixel_values"], p["vision"], jax.random.key(0), config, copies=0)
+
+
 # ----------------------------------------------------------------------------- sample_token statistics
 PROBS = np.array([0.07, 0.3, 0.005, 0.15, 0.03, 0.2, 0.08, 0.015, 0.1, 0.05])
 DRAWS = 20_000
@@ -308,13 +378,18 @@ def test_prepare_prompts_padding_buckets_and_errors():
 
 
 # ----------------------------------------------------------------------------- sharded params
-def test_generate_with_sharded_params():
+def test_generate_with_sharded_params(tmp_path):
     """Greedy decoding with params sharded over a (1, 2, 2) mesh of 4 CPU devices and the
     batch over (data, fsdp) gives the unsharded tokens, and no host transfer happens inside
-    the jitted call (a fresh process: fake devices must be set before jax starts)."""
+    the jitted call (a fresh process: fake devices must be set before jax starts). With
+    copies=2 (4 prompts, 8 rows) it gives the tokens of the host-repeated prompts, and the
+    compiled program (XLA's dump) keeps the repeated KV cache's rows sharded: 4 rows per
+    device [L, 4, S, kv/2, hd], never all 8."""
+    dump = str(tmp_path / "hlo")
     script = textwrap.dedent(f"""
         import os, sys, json
-        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+        os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=4 --xla_dump_to={dump} "
+                                   "--xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*generate.*")
         os.environ["JAX_PLATFORMS"] = "cpu"
         sys.path.insert(0, {REPO!r})
         sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
@@ -340,8 +415,13 @@ def test_generate_with_sharded_params():
         G.generate(graphdef, params, *args, config)  # compile
         with jax.transfer_guard("disallow"):
             out = jax.block_until_ready(G.generate(graphdef, params, *args, config))
+        before = set(os.listdir({dump!r}))
+        shared = G.generate(graphdef, params, *args, config, copies=2)
+        hlo = [f for f in set(os.listdir({dump!r})) - before if f.endswith("after_optimizations.txt")]
         print(json.dumps({{"tokens": np.asarray(out.tokens).tolist(), "logprobs": np.asarray(out.logprobs).tolist(),
-                          "n_sharded": n_sharded, "devices": len(jax.devices())}}))
+                          "n_sharded": n_sharded, "devices": len(jax.devices()),
+                          "shared_tokens": np.asarray(shared.tokens).tolist(),
+                          "shared_logprobs": np.asarray(shared.logprobs).tolist(), "shared_hlo": hlo}}))
         """)
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env,
@@ -352,3 +432,16 @@ def test_generate_with_sharded_params():
     _, want = greedy_run("qwen2_5_vl")
     np.testing.assert_array_equal(np.asarray(got["tokens"]), want.tokens)
     np.testing.assert_allclose(np.asarray(got["logprobs"]), want.logprobs, atol=1e-4, rtol=0)
+    # copies=2: the host-repeated prompts' tokens, the cache's rows sharded over fsdp = 2
+    _, reference, _, _ = shared_and_repeated(G.SamplingConfig(temperature=0.0, max_new_tokens=N_NEW, pad_token_id=0),
+                                             copies=2)
+    np.testing.assert_array_equal(np.asarray(got["shared_tokens"]), reference.tokens)
+    np.testing.assert_allclose(np.asarray(got["shared_logprobs"]), reference.logprobs, atol=1e-4, rtol=0)
+    cfg = tiny("qwen2_5_vl")[0]
+    cache_len = G.prepare_prompts(prompts_for(cfg, "qwen2_5_vl"), cfg, pad_id=0)["prompt_ids"].shape[1] + N_NEW - 1
+    assert len(got["shared_hlo"]) == 1, got["shared_hlo"]
+    with open(os.path.join(dump, got["shared_hlo"][0])) as f:
+        hlo = f.read()
+    cache_rows = {int(r) for r in re.findall(rf"f32\[{cfg.text.num_layers},(\d+),{cache_len},\d+,{cfg.text.head_dim}\]",
+                                             hlo)}
+    assert 4 in cache_rows and max(cache_rows) == 4, cache_rows   # 8 rows / fsdp 2 (prefill: 4 / 2)

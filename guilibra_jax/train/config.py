@@ -113,6 +113,9 @@ def base_config() -> mlc.ConfigDict:
         # (data.batch_size x rl.group_size) go through in calls of this size, so the KV cache and
         # the scoring activations are bounded by it (0 = a whole round in one call)
         generation_rows=0, score_rows=0,
+        # sample each prompt's G rows from one prefill (vision tower + prompt, KV cache shared by
+        # the group); False: the prompt is prefilled once per row (the same tokens, G x the work)
+        share_prefill=True,
         # Where prompts come from: "" = the dataset (data.train_files / data.synthetic); "miniwob" = live
         # MiniWoB++ pages in headless Chromium (GRPO on on-policy states, labelled by the DOM experts;
         # train/online.py; optional [miniwob] extra). data.batch_size = rl.online.workers x processes.
@@ -310,6 +313,7 @@ RULES: dict[str, K.Check] = {
     "rl.old_logprobs": K.one_of("auto", "sampler", "recompute"),
     "rl.generation_rows": K.integer(0, note="(0 = a whole round per call)"),
     "rl.score_rows": K.integer(0, note="(0 = a whole round per call)"),
+    "rl.share_prefill": K.boolean(),
     "rl.world": K.one_of("", "miniwob"),
     "rl.online.workers": K.integer(1, note="(browser processes per process)"),
     "rl.online.tasks": K.strings("MiniWoB++ task names with an expert; () = all of envs.miniwob.TASKS"),
@@ -464,6 +468,10 @@ def _check_mesh_and_batch(c, known: Known) -> None:
         if n and (round_rows % n or n % unit):
             _fail(f"rl.{key}", n, f"0 or a divisor of data.batch_size x rl.group_size = {round_rows} that is a "
                   f"multiple of {unit} (the processes, {procs}, and the data-parallel devices, {dp})")
+    n = rl.generation_rows   # sampler calls hold whole groups on each process (their prefill is shared)
+    if n and n % (procs * rl.group_size):
+        _fail("rl.generation_rows", n, f"0 or a multiple of rl.group_size x processes = {rl.group_size} x {procs} "
+              f"(each sampler call holds whole groups of every process)")
     micro = rows // (rl.minibatches * c.train.grad_accum)
     if micro % dp:
         _fail("data.batch_size", c.data.batch_size, f"update micro-batches ((rl.update_groups or data.batch_size) "

@@ -220,12 +220,14 @@ def rollout(s: Stage2, params, batch: dict, key) -> RO.Rollout:
     ro = RO.pad_prompts(ro, MH.agree_max(ro.prompt_ids.shape[1]))
     outs = []
     for c, rows in enumerate(row_chunks(ro.rows, local_chunk(s, s.rl.get("generation_rows", 0)))):
-        part = ro if len(rows) == ro.rows else RO.take_rows(ro, rows)
+        # each prompt's prefill once, shared by its copies (rows of a group are copies of one prompt)
+        copies = RO.prompt_copies(len(rows), s.rl.group_size, s.row_multiple) if s.rl.get("share_prefill", True) else 1
+        part = ro if len(rows) == ro.rows and copies == 1 else RO.take_rows(ro, rows[::copies])
         inputs = device_inputs(s, RO.prompt_inputs(part, s.model_config, s.patch_bucket))
         with S.mesh_context(s.mesh):
             out = G.generate(s.graphdef, params, inputs["prompt_ids"], inputs["prompt_mask"], inputs["positions"],
                              inputs["rope_deltas"], inputs["pixel_values"], inputs["vision"],
-                             key if c == 0 else jax.random.fold_in(key, c), s.sampling)
+                             key if c == 0 else jax.random.fold_in(key, c), s.sampling, copies=copies)
         outs.append([MH.local_rows(x, s.mesh) for x in (out.tokens, out.lengths, out.logprobs)])
     ro.tokens, ro.lengths, ro.sample_logp = (np.concatenate(x) for x in zip(*outs))
     ro.texts = [G.decode_response(s.tokenizer, ro.tokens[i, :ro.lengths[i]], s.stop) for i in range(ro.rows)]

@@ -153,6 +153,18 @@ def vision_arrays(grids: Sequence, pixels: Sequence, model_config: Any, patch_bu
                                      slot_bucket=patch_bucket)
 
 
+def prompt_copies(rows: int, group_size: int, row_multiple: int = 1) -> int:
+    """Device copies per prompt of a sampler call over ``rows`` rollout rows (whole groups):
+    the call passes rows / c prompt rows and ``generate(copies=c)`` repeats their prefill.
+    c is the largest divisor of ``group_size`` that leaves the prompt rows a multiple of
+    ``row_multiple`` (the rows every global batch of a process must be a multiple of, to
+    split over the batch devices): G when the groups divide over the devices, 1 at worst
+    (every row its own prompt, as ``rows`` themselves are such a multiple)."""
+    if rows % group_size:
+        raise ValueError(f"a sampler call over {rows} rows does not hold whole groups of {group_size}")
+    return max(c for c in range(1, group_size + 1) if group_size % c == 0 and (rows // c) % row_multiple == 0)
+
+
 def prompt_inputs(ro: Rollout, model_config: Any, patch_bucket: int) -> dict:
     """Host arrays :func:`generate.generate` takes for the rollout rows."""
     dim = next((p.shape[1] for p in ro.pixels if p is not None), 0)

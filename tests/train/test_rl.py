@@ -322,12 +322,13 @@ def test_group_filter_round_limit_completes_the_update_with_lossless_groups(monk
     assert not c.ro.valid.any() and c.ro.rows == 4      # shapes kept, no loss, logged as short
 
 
-def _stage(generation_rows=0, score_rows=0, old_logprobs="recompute"):
+def _stage(generation_rows=0, score_rows=0, old_logprobs="recompute", share_prefill=True, group=GROUP,
+           row_multiple=1):
     """A real Stage2 of the tiny model on one device (GRPO, the reference a sharpened copy)."""
     cfg, graphdef, params = tiny()
     config = mlc.ConfigDict(dict(method="grpo", data=dict(batch_size=3, patch_bucket=PATCH_BUCKET), rl=dict(
-        group_size=GROUP, temperature=1.0, top_p=1.0, top_k=0, score_chunk=0, old_logprobs=old_logprobs,
-        generation_rows=generation_rows, score_rows=score_rows)))
+        group_size=group, temperature=1.0, top_p=1.0, top_k=0, score_chunk=0, old_logprobs=old_logprobs,
+        generation_rows=generation_rows, score_rows=score_rows, share_prefill=share_prefill)))
     mesh = S.make_mesh({"data": -1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
     banned = RO.vision_token_ids(cfg)
     sampling = G.SamplingConfig(temperature=1.0, max_new_tokens=5, stop_token_ids=(cfg.text.vocab_size - 1,),
@@ -339,7 +340,7 @@ def _stage(generation_rows=0, score_rows=0, old_logprobs="recompute"):
             return " ".join(map(str, ids))
 
     s = rl_loop.Stage2(config, mesh, graphdef, cfg, Tok(), sampling, {"reference": ref}, None, 0,
-                       (cfg.text.vocab_size - 1,), banned, row_multiple=1)
+                       (cfg.text.vocab_size - 1,), banned, row_multiple=row_multiple)
     return s, params
 
 
@@ -360,3 +361,69 @@ def test_rollout_and_scoring_in_row_chunks():
     np.testing.assert_allclose(RO.sampler_log_probs(ro, n_slots), whole.old_logp, atol=2e-5)
     reused = rl_loop.score(_stage(old_logprobs="auto")[0], params, ro)   # top_p 1: the sampler's own
     np.testing.assert_array_equal(reused.old_logp, RO.sampler_log_probs(ro, n_slots))
+
+
+@pytest.mark.parametrize("generation_rows", [0, 8])
+def test_rollout_shares_each_prompts_prefill_with_its_group(monkeypatch, generation_rows):
+    """rl.share_prefill: each sampler call passes one prompt row per group (its image once)
+    and generate(copies=G); the rollout's tokens and lengths equal the unshared rollout's
+    (every row its own prompt, same key), its log-probs within 2e-5 (the prefill runs at
+    fewer rows: float32 rounding, see test_generate). Prompt 1 is dropped (row_valid False):
+    its group samples prompt 0, as expand_groups has it, and stays invalid."""
+    cfg, _, params = tiny()
+    group = 4
+    batch = rl_batch(cfg)
+    batch["row_valid"] = np.array([True, False, True])
+    calls = []
+    generate = G.generate
+
+    def spy(graphdef, params, prompt_ids, *args, copies=1, **kw):
+        pixels = args[3]   # in put_batch's slot layout [slots, slot patches, D]
+        calls.append((prompt_ids.shape[0], copies, pixels.size // pixels.shape[-1]))
+        return generate(graphdef, params, prompt_ids, *args, copies=copies, **kw)
+
+    monkeypatch.setattr(rl_loop.G, "generate", spy)
+    key = jax.random.PRNGKey(7)
+    shared = rl_loop.rollout(_stage(generation_rows, group=group)[0], params, batch, key)
+    assert [(rows, copies) for rows, copies, _ in calls] == ([(3, 4)] if not generation_rows else [(2, 4), (1, 4)])
+    shared_patches = sum(p for _, _, p in calls)
+    calls.clear()
+    plain = rl_loop.rollout(_stage(generation_rows, group=group, share_prefill=False)[0], params, batch, key)
+    assert [(rows, copies) for rows, copies, _ in calls] == ([(12, 1)] if not generation_rows else [(8, 1), (4, 1)])
+    n_img = np.prod(batch["image_grid_thw"][0])     # patches of one prompt's image
+    assert shared_patches < 12 * n_img <= sum(p for _, _, p in calls)   # the tower sees each image once, not G times
+    assert shared.rows == plain.rows == 12
+    np.testing.assert_array_equal(shared.tokens, plain.tokens)
+    np.testing.assert_array_equal(shared.lengths, plain.lengths)
+    np.testing.assert_allclose(shared.sample_logp, plain.sample_logp, atol=2e-5, rtol=0)
+    assert shared.texts == plain.texts
+    np.testing.assert_array_equal(shared.valid, np.repeat([True, False, True], group))
+    np.testing.assert_array_equal(shared.prompt_ids[4:8], np.repeat(batch["prompt_ids"][:1], group, axis=0))
+    assert len({tuple(t) for t in shared.tokens[:4]}) > 1     # a group's rows sampled different responses
+
+
+def test_prompt_copies_divide_the_groups_over_the_batch_devices():
+    """Device copies per prompt: G when the distinct prompts divide over the devices, else the
+    largest divisor of G that keeps the prompt rows a multiple of the process's row multiple."""
+    assert RO.prompt_copies(12, 4, 1) == 4        # 3 prompts on one device
+    assert RO.prompt_copies(12, 4, 2) == 2        # 3 prompts do not split over 2 devices; 6 rows do
+    assert RO.prompt_copies(16, 8, 2) == 8        # 2 prompts over 2 devices
+    assert RO.prompt_copies(4, 4, 4) == 1         # 1 prompt over 4 devices: no sharing possible
+    assert RO.prompt_copies(24, 8, 4) == 2        # 3 prompts, 12 rows over 4 devices
+    with pytest.raises(ValueError, match="whole groups"):
+        RO.prompt_copies(6, 4, 1)
+
+
+def test_generation_rows_must_hold_whole_groups_of_every_process():
+    """rl.generation_rows that split a group (or a process's groups) is a ConfigError naming it."""
+    import importlib
+    from guilibra_jax.train import config as run_config
+
+    c = importlib.import_module("configs.grpo_demo").get_config("smoke")   # 2 prompts x G = 4
+    c.rl.generation_rows = 4
+    run_config.validate(c, 1, 1)
+    with pytest.raises(ConfigError, match=r"rl\.generation_rows.*rl\.group_size x processes = 4 x 2"):
+        run_config.validate(c, 2, 2)        # 2 rows of a group on each process
+    c.rl.generation_rows = 2                # divides the round's 8 rows, but half a group
+    with pytest.raises(ConfigError, match=r"rl\.generation_rows"):
+        run_config.validate(c, 1, 1)
