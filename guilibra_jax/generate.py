@@ -301,6 +301,14 @@ def generate(graphdef: nnx.GraphDef, params: Any, prompt_ids, prompt_mask, posit
                          rng, config, copies, _row_sharding(prompt_ids) if copies > 1 else None)
 
 
+def lower_generate(graphdef: nnx.GraphDef, params: Any, prompt_ids, prompt_mask, positions, rope_deltas,
+                   pixel_values, vision, rng, config: SamplingConfig, copies: int = 1):
+    """:func:`generate`'s program lowered for these (possibly abstract) inputs, e.g. to
+    compile a memory plan without running it."""
+    return _generate_jit.lower(graphdef, params, prompt_ids, prompt_mask, positions, rope_deltas, pixel_values,
+                               vision, rng, config, int(copies), _row_sharding(prompt_ids) if copies > 1 else None)
+
+
 def decode_response(tokenizer: Any, ids, stop_token_ids: Sequence[int] = ()) -> str:
     """Text of one row's generated ids (``tokens[b, :lengths[b]]``) without its final stop
     token. Other special tokens stay: ``<think>`` and ``<tool_call>`` are special tokens in

@@ -36,6 +36,7 @@ from flax import nnx
 from guilibra_jax import sharding as S
 from guilibra_jax.data import images as I
 from guilibra_jax.models.vision import device_vision_inputs, prepare_vision_inputs
+from guilibra_jax.train import rollout as RO
 from guilibra_jax.train.batching import pad_slots_to_mesh, placement, slot_pixels_shape
 
 GIB = 2 ** 30
@@ -314,17 +315,21 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     st["gradients_estimate"] = resident["policy_params"]
     programs["update"] = st
 
-    # sampler: prefill + decode loop (KV cache of T - 1 slots)
-    pv, vision = image_inputs(config, mc, gen_rows, processes)
-    prompt = {"prompt_ids": np.zeros((gen_rows, Tp), np.int32), "prompt_mask": np.zeros((gen_rows, Tp), np.int32),
-              "positions": np.zeros((3, gen_rows, Tp), np.int32), "rope_deltas": np.zeros((gen_rows,), np.int32),
+    # sampler: prefill of the call's distinct prompts (shared by their copies) + decode loop
+    # over gen_rows rows (KV cache of T - 1 slots)
+    copies = (RO.prompt_copies(gen_rows // processes, rl.group_size, s.row_multiple)
+              if rl.get("share_prefill", True) else 1)
+    p_rows = gen_rows // copies
+    pv, vision = image_inputs(config, mc, p_rows, processes)
+    prompt = {"prompt_ids": np.zeros((p_rows, Tp), np.int32), "prompt_mask": np.zeros((p_rows, Tp), np.int32),
+              "positions": np.zeros((3, p_rows, Tp), np.int32), "rope_deltas": np.zeros((p_rows,), np.int32),
               "pixel_values": pv, "vision": vision}
     b = batch_struct(mesh, prompt, micro_axis=False)
     key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=S.replicated(mesh))
     with S.mesh_context(mesh):
-        lowered = G._generate_jit.lower(s.graphdef, abs_state["params"], b["prompt_ids"], b["prompt_mask"],
-                                        b["positions"], b["rope_deltas"], b["pixel_values"], b["vision"], key,
-                                        s.sampling)
+        lowered = G.lower_generate(s.graphdef, abs_state["params"], b["prompt_ids"], b["prompt_mask"],
+                                   b["positions"], b["rope_deltas"], b["pixel_values"], b["vision"], key, s.sampling,
+                                   copies)
     compiled = compile_program(lowered, (abs_state["params"], b))
     st = compiled_stats(compiled)
     st["resident_args"] = resident["policy_params"]
@@ -347,7 +352,7 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
         st = compiled_stats(compiled)
         st["resident_args"] = per_device_bytes(params)
         programs[f"score_{name}"] = st
-    shapes = {"round_rows": round_rows, "generation_rows": gen_rows, "score_rows": score_rows, "update_rows": upd_rows, "micro_rows": micro_rows, "micro_batches": M,
+    shapes = {"round_rows": round_rows, "generation_rows": gen_rows, "prompt_copies": copies, "score_rows": score_rows, "update_rows": upd_rows, "micro_rows": micro_rows, "micro_batches": M,
               "prompt_tokens": Tp, "response_tokens": N, "patches_per_image": patches_per_image(config, mc)}
     return _report(mesh, resident, programs, device_memory_gib, {"shapes": shapes})
 
