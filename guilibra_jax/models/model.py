@@ -47,7 +47,7 @@ class QwenVL(nnx.Module):
     self.scan_layers = scan_layers
     policy = REMAT_POLICIES[remat]
     self.visual = VisionTower(config, dtype=dtype, param_dtype=param_dtype, remat=policy,
-                               attention_block=self.attention_block, rngs=rngs)
+                               attention_block=self.attention_block, scan_blocks=scan_layers, rngs=rngs)
     self.language_model = TextModel(config, dtype=dtype, param_dtype=param_dtype, remat_policy=policy,
                                     scan_layers=scan_layers, rngs=rngs)
     if not config.tie_word_embeddings:

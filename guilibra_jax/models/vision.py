@@ -18,6 +18,7 @@ token of the batch takes merged feature k, as before.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -321,12 +322,14 @@ class VisionTower(nnx.Module):
   merged features in image order (the k-th <|image_pad|> token of the batch takes row k)."""
 
   def __init__(self, config: ModelConfig, *, dtype, param_dtype, remat=None, attention_block: int = BLOCK,
-               rngs: nnx.Rngs):
-    """remat: None (off), "full", or a jax.checkpoint policy for each block."""
+               scan_blocks: bool = False, rngs: nnx.Rngs):
+    """remat: None (off), "full", or a jax.checkpoint policy for each block; scan_blocks:
+    run runs of consecutive blocks in a lax.scan (see _run_blocks)."""
     vc = config.vision
     self.family = config.family
     self.vc = vc
     self.remat = remat
+    self.scan_blocks = scan_blocks
     self.window = window_patches(config)
     family = config.family
     kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
@@ -340,14 +343,35 @@ class VisionTower(nnx.Module):
       self.deepstack_merger_list = nnx.List(
           [PatchMerger(vc, family, postshuffle_norm=True, **kw) for _ in vc.deepstack_visual_indexes])
 
-  def _block(self, i, x, cos, sin, lengths):
-    blk = self.blocks[i]
-    if self.remat is None:
-      return blk(x, cos, sin, lengths)
-    policy = None if self.remat == "full" else self.remat
-    gdef, state = nnx.split(blk)
-    fn = jax.checkpoint(lambda st, *a: nnx.merge(gdef, st)(*a), policy=policy)
-    return fn(state, x, cos, sin, lengths)
+  def _run_blocks(self, ids, x, inputs):
+    """x [S, L, D] after the consecutive blocks ``ids``; ``inputs(x)`` gives a block's
+    (input, cos, sin, lengths) and its output is reshaped back to x's shape.
+
+    With scan_blocks (several ids) the blocks run in a lax.scan over a stacked copy of their
+    parameters: a Python loop of rematerialised blocks lets XLA keep every block's
+    backward-pass activations alive at once (measured on the CPU compiler: ~0.8 GiB more per
+    text layer at 4,096 tokens, ~3 GiB more per vision block of a 29,184-patch image, with
+    remat "full" as without), while a scanned stack frees them block by block."""
+    shape = x.shape
+
+    def call(gdef, state, x):
+      inp, cos, sin, lengths = inputs(x)
+      return _shard_slots(nnx.merge(gdef, state)(inp, cos, sin, lengths).reshape(shape))
+
+    def remat(fn, scanned):
+      if self.remat is None:
+        return fn
+      policy = None if self.remat == "full" else self.remat
+      return jax.checkpoint(fn, policy=policy, prevent_cse=not scanned)
+
+    splits = [nnx.split(self.blocks[i]) for i in ids]
+    if not self.scan_blocks or len(ids) == 1:
+      for gdef, state in splits:
+        x = remat(functools.partial(call, gdef), False)(state, x)
+      return x
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[state for _, state in splits])
+    step = remat(functools.partial(call, splits[0][0]), True)
+    return jax.lax.scan(lambda x, state: (step(state, x), None), x, stacked)[0]
 
   def __call__(self, pixel_values, vision: dict):
     vc = self.vc
@@ -371,27 +395,32 @@ class VisionTower(nnx.Module):
       as_windows = lambda a: a.reshape((n_slots * n_win, win) + a.shape[2:])
       win_lengths = arr("window_lengths").reshape(-1)
       full, windowed = set(vc.fullatt_block_indexes), False
-      for i in range(vc.depth):
+      cos_w, sin_w = as_windows(cos_w), as_windows(sin_w)
+      i = 0
+      while i < vc.depth:
         if i in full:
           if windowed:
             x, windowed = to_full(x), False
-          x = self._block(i, x, cos, sin, lengths)
-        else:
-          if not windowed:
-            x, windowed = to_window(x), True
-          x = self._block(i, as_windows(x), as_windows(cos_w), as_windows(sin_w), win_lengths)
-          x = _shard_slots(x.reshape(n_slots, slot_len, -1))
+          x = self._run_blocks([i], x, lambda y: (y, cos, sin, lengths))
+          i += 1
+          continue
+        run = [j for j in range(i, vc.depth) if all(k not in full for k in range(i, j + 1))]
+        if not windowed:
+          x, windowed = to_window(x), True
+        x = self._run_blocks(run, x, lambda y: (as_windows(y), cos_w, sin_w, win_lengths))
+        i = run[-1] + 1
       if windowed:
         x = to_full(x)
       return self._image_order(self.merger(x), vision, slot_len), []
     table = self.pos_embed.embedding[...].astype(x.dtype)
     w = arr("interp_weights").astype(x.dtype)
     x = x + (table[arr("interp_indices")] * w[..., None]).sum(-2)
-    deepstack = []
-    for i in range(vc.depth):
-      x = self._block(i, x, cos, sin, lengths)
-      if i in vc.deepstack_visual_indexes:
-        merged = self.deepstack_merger_list[vc.deepstack_visual_indexes.index(i)](x)
+    deepstack, start = [], 0
+    for end in sorted({i for i in vc.deepstack_visual_indexes if i < vc.depth} | {vc.depth - 1}):
+      x = self._run_blocks(list(range(start, end + 1)), x, lambda y: (y, cos, sin, lengths))
+      start = end + 1
+      if end in vc.deepstack_visual_indexes:
+        merged = self.deepstack_merger_list[vc.deepstack_visual_indexes.index(end)](x)
         deepstack.append(self._image_order(merged, vision, slot_len))
     return self._image_order(self.merger(x), vision, slot_len), deepstack
 

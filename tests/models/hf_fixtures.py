@@ -13,8 +13,8 @@ IMAGE, VSTART, VEND = 290, 292, 293
 VOCAB = 300
 
 
-def build_hf(family: str, *, tie: bool = False, seed: int = 0, text: dict | None = None):
-  """A tiny random model; ``text`` overrides keys of its text config (vocab_size, ...)."""
+def build_hf(family: str, *, tie: bool = False, seed: int = 0, text: dict | None = None, vision: dict | None = None):
+  """A tiny random model; ``text`` / ``vision`` override keys of its text / vision config."""
   from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen3VLConfig,
                             Qwen3VLForConditionalGeneration)
   torch.manual_seed(seed)
@@ -27,8 +27,8 @@ def build_hf(family: str, *, tie: bool = False, seed: int = 0, text: dict | None
                          rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 3, 3]),
                          bos_token_id=None, eos_token_id=None), **(text or {})),
         # window 56 px = 2x2 merged units: a 4x6-unit image has several (edge) windows.
-        vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
-                           patch_size=14, window_size=56, fullatt_block_indexes=[1]),
+        vision_config=dict(dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
+                                patch_size=14, window_size=56, fullatt_block_indexes=[1]), **(vision or {})),
         **ids)
     model = Qwen2_5_VLForConditionalGeneration(cfg)
   else:
@@ -37,8 +37,9 @@ def build_hf(family: str, *, tie: bool = False, seed: int = 0, text: dict | None
                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_bias=False,
                          rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 3, 3])),
                          **(text or {})),
-        vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
-                           patch_size=14, num_position_embeddings=16, deepstack_visual_indexes=[0, 1]),
+        vision_config=dict(dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
+                                patch_size=14, num_position_embeddings=16, deepstack_visual_indexes=[0, 1]),
+                           **(vision or {})),
         **ids)
     model = Qwen3VLForConditionalGeneration(cfg)
   # Random init leaves norms at 1 and biases at 0; perturb everything so the test sees them.
