@@ -85,7 +85,7 @@ def get_config(arg="qwen2_5_vl_3b"):
     c.model.name = name           # real sizes; set model.hf_path to load the checkpoint's weights
     c.model.dtype = "bfloat16"
     c.model.param_dtype = "float32"
-    c.model.remat = "dots_with_no_batch_dims_saveable"
+    c.model.remat = "full"        # the release's gradient checkpointing; what lets 24,576 tokens fit
     c.model.scan_layers = True
     c.model.tiny.family = family
     c.data.method = "guilibra"
@@ -93,9 +93,9 @@ def get_config(arg="qwen2_5_vl_3b"):
     c.data.max_length = 24576
     c.data.seq_buckets = (4096, 8192, 16384, 24576)
     c.data.min_pixels, c.data.max_pixels = RELEASE_PIXELS
-    c.data.batch_size = 32        # rows per micro-batch over all processes: 4 per GPU on 8 GPUs
+    c.data.batch_size = 8         # rows per micro-batch over all processes: 1 per GPU on 8 GPUs
     c.data.workers = 8
-    c.train.grad_accum = 8        # x 8 micro-batches = the release's global batch of 256 per step
+    c.train.grad_accum = 32       # x 32 micro-batches = the release's global batch of 256 per step
     if variant == "paper":
         c.loss.alpha_action, c.loss.alpha_grounding = 2.0, 4.0
         c.loss.normalize, c.loss.weighting = "sample", "paper"

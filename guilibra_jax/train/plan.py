@@ -463,6 +463,12 @@ def tpu_estimate(config, model_config, report: dict, topo) -> dict:
                        + TT.model_flops_per_token(n, t.num_layers, t.hidden_size, T, train=False)
                        * sh["generation_rows"] * T * (len([k for k in progs if k.startswith("score_")]) + 1))
         what = "rl round (sampler + scoring + updates)"
+    # XLA's cost analysis counts a while loop's body once (scanned layers, flash-attention
+    # tiles, the decode loop), so the compiler's FLOPs undercount: the step takes at least the
+    # model's FLOPs at peak.
+    floor = model_flops / peak
+    if step and floor > step:
+        step, what = floor, what + " (bounded by the model's FLOPs: the compiler's count misses loop trips)"
     if any(st.get("refused_by_compiler") for st in report["programs"].values()):
         step, what = 0.0, what + ": unknown (a program was refused by the compiler)"
     return {"topology": topo.name, "chips": topo.chips, "devices": len(topo.devices), "hosts": topo.hosts,
