@@ -37,16 +37,13 @@ Hardware: 1 x 8 H100 80GB (one host), every size; ``python -m launch.plan --conf
 prints the per-device memory.
 
 TPU variants (``SIZE_v5p``; ``launch.plan`` compiles them with the TPU compiler, libtpu needed):
-``qwen2_5_vl_3b_v5p`` on a TPU v5p-8 (2x2x1, 4 chips),
-``qwen2_5_vl_7b_v5p`` on a TPU v5p-16 (2x2x2, 8 chips):
-tensor parallelism over the 4 chips of a TPU VM (mesh.tensor = 4: the vocabulary's logits and
-the attention heads split), FSDP over the VMs (mesh.fsdp = chips / 4), one row per FSDP group
-per micro-batch (data.batch_size = mesh.fsdp: each VM draws its own rows), and 256 rows per
-optimizer step as the release (train.grad_accum = 256 / data.batch_size). At the release's
-24,576-token limit with a 5.7-megapixel image per row they do NOT fit (the TPU compiler asks
-for 120 GB of temporaries per v5p chip for 3B: the text decoder's dense attention scores over
-24,576 tokens); at data.max_length = 8,192 3B still needs 101 GB per v5p chip, 37 GB of it the
-step's 256 images at max_pixels, one argument replicated on every chip (see docs/notes/tpu.md).
+``qwen2_5_vl_3b_v5p`` on a TPU v5p-8 (2x2x1, 4 chips): FSDP over the 4 chips, one row per chip
+per micro-batch (data.batch_size 4 x train.grad_accum 64 = 256 rows per step); the TPU compiler
+plans it at 53.7 GiB per chip of 85.5 usable at the release's 24,576 tokens and 5.7-megapixel
+images (benchmarks/results/tpu-plan-guilibra_sft-qwen2_5_vl_3b_v5p.json; with tensor 4 and one
+row per micro-batch it needs 88.0 GiB). ``qwen2_5_vl_7b_v5p`` on a TPU v5p-16 (2x2x2, 8 chips):
+tensor parallelism over the 4 chips of a TPU VM (mesh.tensor = 4), FSDP over the VMs, one row
+per FSDP group per micro-batch; not re-planned since the attention, sharding and remat fixes.
 """
 
 from guilibra_jax.train.config import H100_1x8, V5P_2x2x1, V5P_2x2x2, base_config, hardware
@@ -60,7 +57,7 @@ RECIPES = {
 }
 # TPU variants: name -> (size, slice); see the module docstring
 TPU_VARIANTS = {   # name: (size, slice, mesh.tensor)
-    "qwen2_5_vl_3b_v5p": ("qwen2_5_vl_3b", V5P_2x2x1, 4),
+    "qwen2_5_vl_3b_v5p": ("qwen2_5_vl_3b", V5P_2x2x1, 1),   # fsdp 4: one row per chip (tensor 4 needs 88 GiB)
     "qwen2_5_vl_7b_v5p": ("qwen2_5_vl_7b", V5P_2x2x2, 4),
 }
 ARGS = ("qwen2_5_vl_3b", "qwen2_5_vl_7b", "qwen3_vl_4b", "qwen3_vl_8b", "qwen2_5_vl_3b_v5p", "qwen2_5_vl_7b_v5p")
