@@ -66,7 +66,7 @@ def get_config(arg="qwen2_5_vl_3b"):
     c.model.tiny.family = family
     c.model.dtype = "bfloat16"
     c.model.param_dtype = "float32"
-    c.model.remat = "dots_with_no_batch_dims_saveable"
+    c.model.remat = "full"        # the update at ~9.6K tokens per row needs it (launch.plan)
     c.model.scan_layers = True
     c.data.format = "guilibra_rl"
     c.data.method = "guilibra"
@@ -100,11 +100,12 @@ def get_config(arg="qwen2_5_vl_3b"):
     c.hardware = hardware(*H100_1x8)
     c.mesh.fsdp = fsdp
     c.mesh.tensor = tensor
-    c.train.grad_accum = 8        # 128-row micro-batches of each 1,024-rollout update
+    c.train.grad_accum = 128      # 8-row micro-batches (one per GPU) of each 1,024-rollout update
     c.train.steps = 312           # 2 epochs of a 40K-step subset at 256 prompts per step
     c.train.log_every = 1
     c.train.checkpoint_every = 50
     if tpu_slice:
         c.hardware = hardware(*tpu_slice)
         c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, tpu_fsdp, tpu_tensor
+        c.train.grad_accum = 1024 // tpu_fsdp   # one row per FSDP group per micro-batch
     return c
