@@ -29,8 +29,8 @@ Remaining departures from the release, and why:
   AdamW decays every parameter;
 * prompts over 8,092 tokens are dropped and counted (EasyR1 keeps what its truncation
   setting allows);
-* the 2,048 rollouts of a step are sampled and scored 128 at a time
-  (``rl.generation_rows``, ``rl.score_rows``: what bounds the KV cache on 8 devices),
+* the 2,048 rollouts of a step are sampled and scored 128 at a time (Qwen3-VL: sampled 64 at a
+  time) (``rl.generation_rows``, ``rl.score_rows``: what bounds the KV cache on 8 devices),
   where vLLM batches them continuously;
 * old log-probs are recomputed by a scoring pass (top_p 0.98 truncates the sampler's
   distribution), as EasyR1 does.
@@ -89,6 +89,8 @@ def get_config(arg="qwen2_5_vl_3b"):
     c.rl.ppo_epochs, c.rl.minibatches = 1, 2   # global_batch_size 128 prompts: 2 updates per step
     c.rl.score_chunk = 1024
     c.rl.generation_rows = c.rl.score_rows = 128   # per call: bounds the KV cache (16 sampler calls per round)
+    if family == "qwen3_vl":      # 36 layers of 8 KV heads: 128 rows of 9.6K tokens need 21 GiB of cache per GPU
+        c.rl.generation_rows = 64
     if variant == "paper":
         c.rl.std_unbiased, c.rl.dual_clip = False, 0.0
         c.rl.reward.value_rule, c.rl.reward.format_rule = "paper", "paper"

@@ -26,8 +26,8 @@ Remaining departures from the release, and why:
 * truncated importance sampling between the rollout engine and the trainer
   (``rollout_is=token``, threshold 2) has nothing to correct here: the sampler and the
   trainer score with the same model, so the ratio is 1 up to float noise;
-* the 3,072 rollouts of a round are sampled and scored 128 at a time (``rl.generation_rows``,
-  ``rl.score_rows``), where vLLM batches them continuously; the sampler's own log-probs are
+* the 3,072 rollouts of a round are sampled 128 at a time (``rl.generation_rows``) and scored
+  16 at a time (``rl.score_rows``), where vLLM batches them continuously; the sampler's own log-probs are
   the old-policy log-probs (``rl.old_logprobs="auto"`` with top_p 1: no extra scoring pass;
   veRL recomputes them with the trainer);
 * AdamW moments in float32 (the release offloads a precision-aware optimizer);
@@ -37,23 +37,37 @@ Remaining departures from the release, and why:
         --config.model.hf_path=/models/Qwen3-VL-8B-Thinking --config.data.train_files=/data/uni-gui \\
         --config.rl.teachers.desktop=/ckpt/teacher-desktop --config.rl.teachers.mobile=/ckpt/teacher-mobile
 
-Layouts (``:arg``): ``8x8`` (default): the paper's 64 H100 80GB (8 hosts x 8); ``1x8``: one
-host of 8 H100 80GB. ``python -m launch.plan --config=configs/mopd.py:ARG`` prints what each
-needs per device.
+Layouts (``:arg``): ``8x8`` (default): the paper's 64 H100 80GB (8 hosts x 8), mesh fsdp 16 x
+tensor 4; ``4x8``: 32 H100 80GB (4 hosts x 8), fsdp 16 x tensor 2. ``python -m launch.plan
+--config=configs/mopd.py:ARG`` prints what each needs per device (8x8: 55.0 GiB, 4x8: 62.4 GiB
+of 72 usable, ``benchmarks/results/plan-mopd-*.json``). Each update micro-batch holds one row
+per FSDP group; a scoring call 16 rows (one per FSDP group: the image-feature table a call
+merges into its rows is gathered whole on every device, so it is sized by the call's rows).
 
-Hardware: 8 x 8 H100 80GB (``:8x8``, the paper) or 1 x 8 H100 80GB (``:1x8``), or a
+One host of 8 H100 80GB does not hold this job at the release's shapes (``:1x8`` is refused
+with the figures): the plan needs 98 GiB per GPU in the update (the 32B teachers 15.8 GiB,
+the student's parameters and AdamW 13.1, the update's inputs 24 GiB, mostly the pixels of
+its 1,024 rollouts at up to 32,768 patches each, and one 8.7K-token row's activations); two
+hosts need 72.6 GiB (fsdp 8 x tensor 2), just over the 72 usable. The smallest layout that
+fits is ``4x8``.
+
+Hardware: 8 x 8 H100 80GB (``:8x8``, the paper) or 4 x 8 H100 80GB (``:4x8``), or a
 TPU v5p-128 (4x4x4, 64 chips) (``:v5p_4x4x4``: 16 TPU VMs, mesh fsdp 16 x tensor 4).
 """
 
 import ml_collections as mlc
 
 from configs.mopd_teacher_sft import PIXELS
-from guilibra_jax.train.config import H100_1x8, H100_8x8, V5P_4x4x4, base_config, hardware
+from guilibra_jax.train.config import H100_4x8, H100_8x8, V5P_4x4x4, base_config, hardware
 
-ARGS = ("8x8", "1x8", "v5p_4x4x4")
+ARGS = ("8x8", "4x8", "v5p_4x4x4")
 
 
 def get_config(arg="8x8"):
+    if arg == "1x8":
+        raise ValueError("configs/mopd.py:1x8: an 8B student with two 32B teachers does not fit one host of 8 H100 "
+                         "80GB at the release's shapes (launch.plan: 98 GiB per GPU in the update, 72 usable); "
+                         "use :4x8 (32 GPUs, 62.4 GiB) or :8x8 (64 GPUs, the paper's, 55.0 GiB)")
     if arg not in ARGS:
         raise ValueError(f"configs/mopd.py: unknown layout {arg!r}; expected one of {ARGS}")
     c = base_config()
@@ -61,7 +75,7 @@ def get_config(arg="8x8"):
     c.model.name = "qwen3_vl_8b"
     c.model.tiny.family = "qwen3_vl"
     c.model.dtype = "bfloat16"
-    c.model.remat = "dots_with_no_batch_dims_saveable"
+    c.model.remat = "full"        # the update at ~8.7K tokens per row needs it (launch.plan)
     c.model.scan_layers = True
     c.data.format = "uni_gui"
     c.data.method = "mopd"
@@ -90,7 +104,8 @@ def get_config(arg="8x8"):
     c.rl.teachers = mlc.ConfigDict({"desktop": "", "mobile": ""})   # set both to teacher folders
     c.rl.ppo_epochs, c.rl.minibatches = 1, 1                       # ppo_mini_batch_size = train_batch_size
     c.rl.score_chunk = 1024
-    c.rl.generation_rows = c.rl.score_rows = 128   # per call: bounds the KV cache (24 sampler calls per round)
+    c.rl.generation_rows = 128    # per call: bounds the KV cache (24 sampler calls per round)
+    c.rl.score_rows = 16          # per call: one row per FSDP group (see the docstring)
     c.optim.lr = 1e-6
     c.optim.schedule = "constant"
     c.optim.warmup_steps = 0
@@ -103,10 +118,11 @@ def get_config(arg="8x8"):
     elif arg == "v5p_4x4x4":     # 64 chips on 16 TPU VMs, the 8x8 layout (tensor 4 within a host)
         c.hardware = hardware(*V5P_4x4x4)
         c.mesh.fsdp, c.mesh.tensor = 16, 4
-    else:
-        c.hardware = hardware(*H100_1x8)
-        c.mesh.fsdp, c.mesh.tensor = 8, 1
-    c.train.grad_accum = 8        # 128-row micro-batches of each 1,024-rollout update
+    else:                        # 4x8: 32 GPUs on 4 hosts
+        c.hardware = hardware(*H100_4x8)
+        c.mesh.fsdp, c.mesh.tensor = 16, 2
+    # one row per FSDP group per micro-batch (16 rows x 64 micro-batches)
+    c.train.grad_accum = 1024 // c.mesh.fsdp
     c.train.steps = 3200
     c.train.log_every = 1
     c.train.checkpoint_every = 16

@@ -24,6 +24,15 @@ Remaining departures from the release, and why:
     python -m launch.train --config=configs/mopd_teacher_sft.py:mobile --workdir=DIR \\
         --config.model.hf_path=/models/Qwen3-VL-32B-Thinking --config.data.train_files=/data/uni-gui/mobile
 
+Memory (``python -m launch.plan``, ``benchmarks/results/plan-mopd_teacher_sft-*.json``): this
+recipe does NOT fit its hardware as planned on fake CPU devices: 154 GiB per GPU of 72 usable
+(float32 master weights and AdamW moments of 32B parameters are 47 GiB per GPU over 8; one
+16,384-token row's step needs 107 GiB more on the CPU compiler, which keeps the saved residual
+stream in float32, 20 GiB of it). The release fits 8 GPUs with Megatron tensor parallel 4,
+full recompute, and gradients and optimizer state offloaded to host memory (``grad_offload``,
+``optimizer_offload``: a CPU optimizer), which this framework does not do; two hosts (fsdp 16)
+plan at 138 GiB, so the residual stream would also need sharding over the sequence.
+
 Hardware: 1 x 8 H100 80GB (one host, as the release).
 """
 
@@ -39,7 +48,7 @@ def get_config(arg="desktop"):
     c.model.name = "qwen3_vl_32b"
     c.model.tiny.family = "qwen3_vl"
     c.model.dtype = "bfloat16"
-    c.model.remat = "dots_with_no_batch_dims_saveable"
+    c.model.remat = "full"        # the release's gradient checkpointing
     c.model.scan_layers = True
     c.data.format = "uni_gui"
     c.data.method = "mopd"
@@ -48,7 +57,8 @@ def get_config(arg="desktop"):
     c.data.max_length = 16384
     c.data.seq_buckets = (4096, 8192, 16384)
     c.data.pixels = dict(PIXELS)
-    c.data.batch_size = 32        # train_batch_size
+    c.data.batch_size = 8         # one row per GPU per micro-batch ...
+    c.train.grad_accum = 4        # ... x 4 = train_batch_size 32
     c.data.workers = 8
     c.loss.alpha_action = 1.0     # plain SFT for teachers (token-weighted CE)
     c.loss.alpha_grounding = 1.0

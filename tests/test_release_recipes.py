@@ -47,7 +47,8 @@ def test_guilibra_grpo_release(tmp_path):
 @pytest.mark.parametrize("platform", ["desktop", "mobile"])
 def test_mopd_teacher_sft_release(platform, tmp_path):
     c = _valid(mopd_teacher_sft.get_config(platform), tmp_path)
-    assert (c.optim.lr, c.data.batch_size, c.optim.schedule, c.optim.weight_decay) == (1e-6, 32, "cosine", 0.01)
+    assert (c.optim.lr, c.data.batch_size * c.train.grad_accum, c.optim.schedule, c.optim.weight_decay) == (
+        1e-6, 32, "cosine", 0.01)
     assert dict(c.data.pixels) == {"desktop": (3136, 13107200), "mobile": (40768, 548800)}
 
 
@@ -59,6 +60,12 @@ def test_mopd_release(layout, tmp_path):
     assert c.rl.mopd.kl_mask == "off"                                      # mask off, as run_mopd.sh
     assert c.rl.group_filter.enabled and c.rl.group_filter.max_rounds == 0  # filter_groups, no round limit
     assert (c.data.batch_size, c.rl.update_groups * c.rl.group_size) == (384, 1024) and c.data.max_length == 8192
+    assert c.train.grad_accum * c.mesh.fsdp == 1024   # one row per FSDP group per update micro-batch
+
+
+def test_mopd_on_one_host_is_refused_naming_what_fits():
+    with pytest.raises(ValueError, match=r"does not fit one host.*:4x8"):
+        mopd.get_config("1x8")
 
 
 @pytest.mark.parametrize("key,value,method", [

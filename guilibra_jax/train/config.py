@@ -161,6 +161,7 @@ def hardware(name: str, hosts: int, devices_per_host: int, device_memory_gib: fl
 
 
 H100_1x8 = ("1 x 8 H100 80GB", 1, 8, 80)
+H100_4x8 = ("4 x 8 H100 80GB", 4, 8, 80)
 H100_8x8 = ("8 x 8 H100 80GB", 8, 8, 80)
 # Cloud TPU v5p slices (4 chips per TPU VM host, 95 GB HBM per chip; cloud.google.com/tpu/docs/v5p)
 V5P_2x2x1 = ("TPU v5p-8 (2x2x1, 4 chips)", 1, 4, 95, "v5p:2x2x1")

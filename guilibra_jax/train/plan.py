@@ -133,7 +133,9 @@ def prompt_length(config) -> int:
 
 
 def patches_per_image(config, model_config) -> int:
-    """Patch rows of one image at the run's largest pixel budget (any platform's)."""
+    """Patch rows of one image at the run's largest pixel budget (any platform's), capped by
+    what a sequence of ``data.max_length`` tokens can hold (one token per ``merge_unit``
+    patches): a larger image makes its record overlong, and overlong records are dropped."""
     d = config.data
     budgets = [d.max_pixels or I.processor_config(model_config.family, model_config=model_config).max_pixels]
     pixels = d.get("pixels", None) if hasattr(d, "get") else None
@@ -141,7 +143,7 @@ def patches_per_image(config, model_config) -> int:
         budgets += [int(v[1]) for v in dict(pixels).values() if v and v[1]]
     p = model_config.vision.patch_size
     mu = model_config.vision.merge_unit
-    n = max(budgets) // (p * p)
+    n = min(max(budgets) // (p * p), int(d.max_length) * mu)
     return max(mu, n // mu * mu)
 
 
@@ -317,7 +319,10 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
 
     # sampler: prefill of the call's distinct prompts (shared by their copies) + decode loop
     # over gen_rows rows (KV cache of T - 1 slots)
-    copies = (RO.prompt_copies(gen_rows // processes, rl.group_size, s.row_multiple)
+    # rows per process: a multiple of the batch devices of one process (s.row_multiple counts
+    # this planning process's, which holds every fake device)
+    dp = math.prod(mesh.shape[a] for a in S.BATCH_AXES)
+    copies = (RO.prompt_copies(gen_rows // processes, rl.group_size, max(1, dp // processes))
               if rl.get("share_prefill", True) else 1)
     p_rows = gen_rows // copies
     pv, vision = image_inputs(config, mc, p_rows, processes)
@@ -343,7 +348,13 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
            "response_mask": np.zeros((score_rows, T), np.int32)}
     b = batch_struct(mesh, seq, micro_axis=False)
     scored = [] if rl_loop.reuse_sampler_log_probs(rl) else [("policy", s.graphdef, abs_state["params"])]
+    done = []   # (graphdef, params' shapes and shardings, stats): teachers of one architecture compile once
     for name, gd, params in scored + [(n, f.graphdef, abstract(f.params)) for n, f in s.frozen.items()]:
+        sig = [(x.shape, x.dtype, x.sharding) for x in jax.tree.leaves(params)]
+        same = next((st for g, sg, st in done if g == gd and sg == sig), None)
+        if same is not None:
+            programs[f"score_{name}"] = dict(same)
+            continue
         with S.mesh_context(mesh):
             lowered = G.score.lower(gd, params, b["input_ids"], b["positions"], b["segment_ids"], b["pixel_values"],
                                     b["vision"], b["response_mask"], temperature=float(rl.temperature),
@@ -352,6 +363,7 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
         st = compiled_stats(compiled)
         st["resident_args"] = per_device_bytes(params)
         programs[f"score_{name}"] = st
+        done.append((gd, sig, st))
     shapes = {"round_rows": round_rows, "generation_rows": gen_rows, "prompt_copies": copies, "score_rows": score_rows, "update_rows": upd_rows, "micro_rows": micro_rows, "micro_batches": M,
               "prompt_tokens": Tp, "response_tokens": N, "patches_per_image": patches_per_image(config, mc)}
     return _report(mesh, resident, programs, device_memory_gib, {"shapes": shapes})
