@@ -51,8 +51,11 @@ demo-miniwob: $(VENV)/.installed-miniwob
 	    --config.online.episodes=10 --config.agents='("expert","random_click","checkpoint")' \
 	    --config.agent_kwargs.checkpoint.workdir=runs/miniwob_sft
 
+# Two pytest workers (TEST_WORKERS=0: one process): most of a test's time is XLA compiling on one
+# core; a test file stays on one worker (--dist loadfile: its module fixtures are built once).
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) runs *.egg-info
