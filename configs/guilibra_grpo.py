@@ -40,7 +40,8 @@ Remaining departures from the release, and why:
 
 Hardware: 1 x 8 H100 80GB (one host), every size; see ``python -m launch.plan``.
 TPU variant: ``qwen2_5_vl_7b_v5p`` on a TPU v5p-64 (2x4x4, 32 chips) (8 TPU VMs, mesh fsdp 32),
-the same batch geometry.
+the same batch geometry; the TPU compiler plans it at 25.8 GiB per chip of 85.5
+(benchmarks/results/tpu-plan-guilibra_grpo-qwen2_5_vl_7b_v5p.json).
 """
 
 from configs.guilibra_sft import RECIPES

@@ -43,7 +43,8 @@ plans it at 53.7 GiB per chip of 85.5 usable at the release's 24,576 tokens and 
 images (benchmarks/results/tpu-plan-guilibra_sft-qwen2_5_vl_3b_v5p.json; with tensor 4 and one
 row per micro-batch it needs 88.0 GiB). ``qwen2_5_vl_7b_v5p`` on a TPU v5p-16 (2x2x2, 8 chips):
 tensor parallelism over the 4 chips of a TPU VM (mesh.tensor = 4), FSDP over the VMs, one row
-per FSDP group per micro-batch; not re-planned since the attention, sharding and remat fixes.
+per FSDP group per micro-batch; the TPU compiler plans it at 67.6 GiB per chip of 85.5
+(benchmarks/results/tpu-plan-guilibra_sft-qwen2_5_vl_7b_v5p.json).
 """
 
 from guilibra_jax.train.config import H100_1x8, V5P_2x2x1, V5P_2x2x2, base_config, hardware

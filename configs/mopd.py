@@ -40,7 +40,8 @@ Remaining departures from the release, and why:
 Layouts (``:arg``): ``8x8`` (default): the paper's 64 H100 80GB (8 hosts x 8), mesh fsdp 16 x
 tensor 4; ``4x8``: 32 H100 80GB (4 hosts x 8), fsdp 16 x tensor 2. ``python -m launch.plan
 --config=configs/mopd.py:ARG`` prints what each needs per device (8x8: 55.0 GiB, 4x8: 62.4 GiB
-of 72 usable, ``benchmarks/results/plan-mopd-*.json``). Each update micro-batch holds one row
+of 72 usable, ``benchmarks/results/plan-mopd-*.json``; v5p_4x4x4: 36.7 GiB per chip of 85.5 from
+the TPU compiler, ``tpu-plan-mopd-qwen3_vl_8b_v5p_4x4x4.json``). Each update micro-batch holds one row
 per FSDP group; a scoring call 16 rows (one per FSDP group: the image-feature table a call
 merges into its rows is gathered whole on every device, so it is sized by the call's rows).
 
