@@ -41,7 +41,8 @@ Layouts (``:arg``): ``8x8`` (default): the paper's 64 H100 80GB (8 hosts x 8), m
 tensor 4; ``4x8``: 32 H100 80GB (4 hosts x 8), fsdp 16 x tensor 2. ``python -m launch.plan
 --config=configs/mopd.py:ARG`` prints what each needs per device (8x8: 55.0 GiB, 4x8: 62.4 GiB
 of 72 usable, ``benchmarks/results/plan-mopd-*.json``; v5p_4x4x4: 36.7 GiB per chip of 85.5 from
-the TPU compiler, ``tpu-plan-mopd-qwen3_vl_8b_v5p_4x4x4.json``). Each update micro-batch holds one row
+the TPU compiler, ``tpu-plan-mopd-qwen3_vl_8b_v5p_4x4x4.json``; v5p_2x4x4, the smallest slice
+planned: 42.0 GiB per chip, ``tpu-plan-mopd-qwen3_vl_8b_v5p_2x4x4.json``). Each update micro-batch holds one row
 per FSDP group; a scoring call 16 rows (one per FSDP group: the image-feature table a call
 merges into its rows is gathered whole on every device, so it is sized by the call's rows).
 
@@ -53,15 +54,16 @@ hosts need 72.6 GiB (fsdp 8 x tensor 2), just over the 72 usable. The smallest l
 fits is ``4x8``.
 
 Hardware: 8 x 8 H100 80GB (``:8x8``, the paper) or 4 x 8 H100 80GB (``:4x8``), or a
-TPU v5p-128 (4x4x4, 64 chips) (``:v5p_4x4x4``: 16 TPU VMs, mesh fsdp 16 x tensor 4).
+TPU v5p-128 (4x4x4, 64 chips) (``:v5p_4x4x4``: 16 TPU VMs, mesh fsdp 16 x tensor 4), or a
+TPU v5p-64 (2x4x4, 32 chips) (``:v5p_2x4x4``: 8 TPU VMs, mesh fsdp 16 x tensor 2).
 """
 
 import ml_collections as mlc
 
 from configs.mopd_teacher_sft import PIXELS
-from guilibra_jax.train.config import H100_4x8, H100_8x8, V5P_4x4x4, base_config, hardware
+from guilibra_jax.train.config import H100_4x8, H100_8x8, V5P_2x4x4, V5P_4x4x4, base_config, hardware
 
-ARGS = ("8x8", "4x8", "v5p_4x4x4")
+ARGS = ("8x8", "4x8", "v5p_4x4x4", "v5p_2x4x4")
 
 
 def get_config(arg="8x8"):
@@ -119,6 +121,9 @@ def get_config(arg="8x8"):
     elif arg == "v5p_4x4x4":     # 64 chips on 16 TPU VMs, the 8x8 layout (tensor 4 within a host)
         c.hardware = hardware(*V5P_4x4x4)
         c.mesh.fsdp, c.mesh.tensor = 16, 4
+    elif arg == "v5p_2x4x4":     # 32 chips on 8 TPU VMs, the 4x8 layout
+        c.hardware = hardware(*V5P_2x4x4)
+        c.mesh.fsdp, c.mesh.tensor = 16, 2
     else:                        # 4x8: 32 GPUs on 4 hosts
         c.hardware = hardware(*H100_4x8)
         c.mesh.fsdp, c.mesh.tensor = 16, 2
