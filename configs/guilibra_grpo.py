@@ -39,16 +39,16 @@ Remaining departures from the release, and why:
         --config.model.hf_path=/ckpt/guilibra-sft-8b --config.data.train_files='/data/rl/*.parquet'
 
 Hardware: 1 x 8 H100 80GB (one host), every size; see ``python -m launch.plan``.
-TPU variant: ``qwen2_5_vl_7b_v5p`` on a TPU v5p-64 (2x4x4, 32 chips) (8 TPU VMs, mesh fsdp 32),
-the same batch geometry; the TPU compiler plans it at 25.8 GiB per chip of 85.5
-(benchmarks/results/tpu-plan-guilibra_grpo-qwen2_5_vl_7b_v5p.json).
+TPU variant: ``qwen2_5_vl_7b_v5p`` on a TPU v5p-16 (2x2x2, 8 chips) (2 TPU VMs, mesh fsdp 8),
+the same batch geometry; the TPU compiler plans it at 58.2 GiB per chip of 85.5
+(benchmarks/results/tpu-plan-guilibra_grpo-qwen2_5_vl_7b_v5p.json; on a v5p-64, fsdp 32: 25.8).
 """
 
 from configs.guilibra_sft import RECIPES
-from guilibra_jax.train.config import H100_1x8, V5P_2x4x4, base_config, hardware
+from guilibra_jax.train.config import H100_1x8, V5P_2x2x2, base_config, hardware
 
 # TPU variants: name -> (size, slice, fsdp, tensor); the release's batch geometry unchanged
-TPU_VARIANTS = {"qwen2_5_vl_7b_v5p": ("qwen2_5_vl_7b", V5P_2x4x4, 32, 1)}
+TPU_VARIANTS = {"qwen2_5_vl_7b_v5p": ("qwen2_5_vl_7b", V5P_2x2x2, 8, 1)}
 ARGS = ("qwen2_5_vl_3b", "qwen2_5_vl_7b", "qwen3_vl_4b", "qwen3_vl_8b", "qwen2_5_vl_7b_v5p")
 
 RELEASE_PIXELS = (262144, 2508800)   # examples/config.yaml min_pixels; the scripts' data.max_pixels
