@@ -57,6 +57,7 @@ class FakeChatServer:
                 self.send_header("Content-Length", str(len(payload)))
                 for k, v in (headers or {}).items():
                     self.send_header(k, v)
+                self._leave()
                 self.end_headers()
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     self.wfile.write(payload)
@@ -74,9 +75,17 @@ class FakeChatServer:
                     server.headers.append(dict(self.headers))
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                self._counted = True
                 try:
                     self._answer(body, server._behaviour(body))
                 finally:
+                    self._leave()
+
+            def _leave(self):
+                # Leave the in-flight count BEFORE the client can see the answer: otherwise the
+                # client's next request can arrive while this one still counts (a false overlap).
+                if getattr(self, "_counted", False):
+                    self._counted = False
                     with server._lock:
                         server.in_flight -= 1
 
@@ -93,6 +102,7 @@ class FakeChatServer:
                     return self._send(200, json.dumps({"choices": []}).encode())
                 if behaviour == "drop":
                     self.close_connection = True
+                    self._leave()
                     with contextlib.suppress(OSError):
                         self.connection.shutdown(2)
                     return None
