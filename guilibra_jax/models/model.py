@@ -66,16 +66,20 @@ class QwenVL(nnx.Module):
     h = self.language_model.embed_tokens(input_ids)
     if pixel_values is None:
       return h, None, 0
-    merged, deepstack = self.image_features(pixel_values, vision)
     is_image = input_ids == self.config.image_token_id  # [B, T]
     # k-th <|image_pad|> token of the batch (row-major) takes merged feature k.
     idx = jnp.cumsum(is_image.reshape(-1)).reshape(is_image.shape) - 1
-    idx = jnp.clip(idx, 0, merged.shape[0] - 1)
-    # Each feature table (image order: global) is gathered into the rows' layout at once and the
-    # result pinned to the rows' devices, so only [B, T, D] per device lives on; a [n, P/m^2, D]
-    # deepstack table indexed inside the layer scan stayed whole on every device (measured: 30 GB
-    # per device for 128 images of 8,192 tokens at Qwen3-VL-32B's width).
-    take = lambda table: S.constrain_batch(jnp.where(is_image[..., None], table[idx].astype(h.dtype), 0))
+    if "row_slots" in vision:
+      take, merged, deepstack = self._row_local_take(input_ids, idx, pixel_values, vision, h.dtype)
+    else:
+      merged, deepstack = self.image_features(pixel_values, vision)
+      idx = jnp.clip(idx, 0, merged.shape[0] - 1)
+      # Each feature table (image order: global) is gathered into the rows' layout at once and the
+      # result pinned to the rows' devices, so only [B, T, D] per device lives on; a [n, P/m^2, D]
+      # deepstack table indexed inside the layer scan stayed whole on every device (measured: 30 GB
+      # per device for 128 images of 8,192 tokens at Qwen3-VL-32B's width). The table itself is
+      # still whole on every device, and so is its gradient (all-reduced): see _row_local_take.
+      take = lambda table: S.constrain_batch(jnp.where(is_image[..., None], table[idx].astype(h.dtype), 0))
     h = jnp.where(is_image[..., None], take(merged), h)
     if not deepstack:
       return h, None, 0
@@ -85,6 +89,38 @@ class QwenVL(nnx.Module):
       return rows[i]
 
     return h, add, len(deepstack)
+
+  def _row_local_take(self, input_ids, idx, pixel_values, vision, dtype):
+    """Image features gathered row by row from the rows' own slots, for a row-aligned layout
+    (``vision["row_slots"]`` [B, k]: row b's images are in slots b*k .. b*k+k-1, S = B*k;
+    ``train.batching.row_slots`` checks it on the host). Slots and rows are sharded alike over
+    the batch devices, so each device gathers from the slots it holds: no [P/m^2, D] table
+    in image order (and no gradient of it) on every device, whose size grows with the rows of
+    the whole mesh (measured: a 32B step's temporaries per device grew from 107 to 163 GiB
+    from 8 to 32 devices at one row per device)."""
+    merged, deepstack = self.image_features_per_slot(pixel_values, vision)   # [S, U, D]
+    row_slots = jnp.asarray(vision["row_slots"])
+    (b, k), (n_slots, units) = row_slots.shape, merged.shape[:2]
+    if n_slots != b * k or input_ids.shape[0] != b:
+      raise ValueError(f"vision['row_slots'] {row_slots.shape} does not describe {n_slots} slots of "
+                       f"{input_ids.shape[0]} rows (a row-aligned layout has S = rows x slots per row)")
+    n = vision["token_slot"].shape[0]
+    j = jnp.clip(idx, 0, n - 1)
+    slot, unit = jnp.asarray(vision["token_slot"])[j], jnp.asarray(vision["token_unit"])[j]   # [B, T]
+    local = jnp.clip((slot - row_slots[:, :1]) * units + unit, 0, k * units - 1)
+    local = S.constrain_batch(local)
+    is_image = input_ids == self.config.image_token_id
+
+    def take(table):   # [S, U, D] -> [B, T, D]
+      rows = S.constrain_batch(table.reshape(b, k * units, table.shape[-1]))
+      got = jnp.take_along_axis(rows, local[..., None], axis=1)
+      return S.constrain_batch(jnp.where(is_image[..., None], got.astype(dtype), 0))
+
+    return take, merged, deepstack
+
+  def image_features_per_slot(self, pixel_values, vision: dict):
+    """-> (merged [S, L/m^2, D], deepstack list of the same) per tower slot."""
+    return self.visual(pixel_values.astype(self.dtype), vision, image_order=False)
 
   def hidden_states(self, input_ids, positions, segment_ids, pixel_values=None, vision=None):
     """Final-normed decoder hidden states [B, T, D] (compute dtype)."""

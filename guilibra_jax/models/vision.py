@@ -373,7 +373,10 @@ class VisionTower(nnx.Module):
     step = remat(functools.partial(call, splits[0][0]), True)
     return jax.lax.scan(lambda x, state: (step(state, x), None), x, stacked)[0]
 
-  def __call__(self, pixel_values, vision: dict):
+  def __call__(self, pixel_values, vision: dict, image_order: bool = True):
+    """-> (merged, deepstack list): [P/m^2, D] in image order, or with ``image_order=False``
+    [S, L/m^2, D] per slot (sharded like the slots: what a row-aligned layout gathers from
+    without leaving the rows' devices, see QwenVL._embed)."""
     vc = self.vc
     arr = lambda k: jnp.asarray(vision[k])
     n_slots, slot_len = vision["patch_index"].shape
@@ -411,7 +414,7 @@ class VisionTower(nnx.Module):
         i = run[-1] + 1
       if windowed:
         x = to_full(x)
-      return self._image_order(self.merger(x), vision, slot_len), []
+      return self._order(self.merger(x), vision, slot_len, image_order), []
     table = self.pos_embed.embedding[...].astype(x.dtype)
     w = arr("interp_weights").astype(x.dtype)
     x = x + (table[arr("interp_indices")] * w[..., None]).sum(-2)
@@ -421,8 +424,14 @@ class VisionTower(nnx.Module):
       start = end + 1
       if end in vc.deepstack_visual_indexes:
         merged = self.deepstack_merger_list[vc.deepstack_visual_indexes.index(end)](x)
-        deepstack.append(self._image_order(merged, vision, slot_len))
-    return self._image_order(self.merger(x), vision, slot_len), deepstack
+        deepstack.append(self._order(merged, vision, slot_len, image_order))
+    return self._order(self.merger(x), vision, slot_len, image_order), deepstack
+
+  def _order(self, merged, vision: dict, slot_len: int, image_order: bool):
+    if image_order:
+      return self._image_order(merged, vision, slot_len)
+    n_slots = vision["patch_index"].shape[0]
+    return _shard_slots(merged.reshape(n_slots, slot_len // self.vc.merge_unit, merged.shape[-1]))
 
   def _image_order(self, merged, vision: dict, slot_len: int):
     """Merged features of the slots [S * L/m^2, D] -> [P/m^2, D] in image order (padding rows hold

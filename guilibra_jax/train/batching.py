@@ -99,7 +99,7 @@ def placement(path, ndim: int, mesh, micro_axis: bool):
     per-token vision entries and scalars replicated."""
     batch_dim = 1 if micro_axis else 0
     names = [str(getattr(k, "key", k)) for k in path]
-    if names[0] == "vision" and names[-1] in _SLOT_KEYS and ndim > batch_dim:
+    if names[0] == "vision" and names[-1] in _SLOT_KEYS + ("row_slots",) and ndim > batch_dim:
         return S.batch_sharding(mesh, ndim, batch_dim)
     if names[0] == "pixel_values" and ndim == batch_dim + 3:
         return S.batch_sharding(mesh, ndim, batch_dim)
@@ -157,12 +157,21 @@ def put_batch(batch: dict, mesh, *, micro_axis: bool = True, model_config: Any =
     Multi-process: each process passes its own rows; a batch with images also needs
     ``model_config`` (image token id and merge unit) to join the processes' images
     with :func:`gather_images` (see the module doc for the cost)."""
+    row_tokens = None
     if jax.process_count() > 1 and batch.get("pixel_values") is not None:
         if model_config is None:
             raise ValueError("put_batch: a multi-process batch with pixel_values needs model_config= to join "
                              "the processes' images")
-        batch = {**batch, **gather_images(batch, mesh, model_config, micro_axis=micro_axis)}
+        joined = gather_images(batch, mesh, model_config, micro_axis=micro_axis)
+        row_tokens = joined.pop("row_image_tokens")
+        batch = {**batch, **joined}
     batch = pad_slots_to_mesh(batch, mesh, micro_axis)
+    if model_config is not None and batch.get("pixel_values") is not None and batch.get("vision"):
+        if row_tokens is None:
+            row_tokens = _row_image_tokens(_token_ids(batch), model_config.image_token_id, micro_axis)
+        aligned = row_slots(row_tokens, batch["vision"]["token_slot"], np.shape(batch["vision"]["patch_index"])[-2])
+        if aligned is not None:
+            batch = {**batch, "vision": {**batch["vision"], "row_slots": aligned}}
     if batch.get("pixel_values") is not None and batch.get("vision"):
         batch = {**batch, "pixel_values": slot_pixels(batch["pixel_values"], batch["vision"]["patch_index"])}
     batch_dim = 1 if micro_axis else 0
@@ -182,13 +191,48 @@ def put_batch(batch: dict, mesh, *, micro_axis: bool = True, model_config: Any =
     return jax.tree_util.tree_map_with_path(place, batch)
 
 
+def _token_ids(batch: dict) -> np.ndarray:
+    return np.asarray(batch["input_ids"] if "input_ids" in batch else batch["prompt_ids"])
+
+
+def _row_image_tokens(ids: np.ndarray, image_token_id: int, micro_axis: bool) -> np.ndarray:
+    """<|image_pad|> tokens of each row: [M, B] (a leading micro-batch axis added if absent)."""
+    counts = (np.asarray(ids) == image_token_id).sum(-1)
+    return counts if micro_axis else counts[None]
+
+
+def row_slots(row_tokens: np.ndarray, token_slot: np.ndarray, n_slots: int) -> np.ndarray | None:
+    """``vision["row_slots"]`` ([M, B, k], or [B, k] when ``token_slot`` has no micro-batch
+    axis) when the image layout is row-aligned in every micro-batch, else None.
+
+    Row-aligned: with k = S / B slots per row, the image tokens of row b (``row_tokens``
+    [M, B], in row-major order as the model consumes them) all take features of slots
+    b*k .. b*k+k-1. The usual GUI batch (one screenshot per row, collate's S = B) is; the
+    model then gathers each row's features from its own slots (QwenVL._row_local_take)
+    instead of from one image-order table on every device. Slot ids [b*k + i] are stored."""
+    token_slot = np.asarray(token_slot)
+    micro = token_slot.ndim == 2
+    slots = token_slot if micro else token_slot[None]
+    rows = np.shape(row_tokens)[-1]
+    if rows == 0 or n_slots % rows:
+        return None
+    k = n_slots // rows
+    for counts, ts in zip(np.asarray(row_tokens), slots):
+        owner = np.repeat(np.arange(rows), counts)
+        if len(owner) > len(ts) or (ts[:len(owner)] // k != owner).any() or (ts[:len(owner)] < 0).any():
+            return None
+    ids = (np.arange(rows)[:, None] * k + np.arange(k)).astype(np.int32)
+    return np.broadcast_to(ids, (len(slots), rows, k)).copy() if micro else ids
+
+
 def gather_images(batch: dict, mesh, model_config: Any, *, micro_axis: bool = True) -> dict:
-    """{pixel_values, vision} of the global batch from every process's local ones
-    (collective: all processes call it together). Host numpy arrays, identical on all
-    processes, shaped like the local ones with P = process_count * max(local P),
-    S = process_count * max(local S) slots of L = max(local L) positions."""
+    """{pixel_values, vision, row_image_tokens} of the global batch from every process's
+    local ones (collective: all processes call it together). Host numpy arrays, identical on
+    all processes, shaped like the local ones with P = process_count * max(local P),
+    S = process_count * max(local S) slots of L = max(local L) positions;
+    ``row_image_tokens`` [M, global B]: image tokens of each global row (for :func:`row_slots`)."""
     mu = model_config.vision.merge_unit
-    ids = np.asarray(batch["input_ids"] if "input_ids" in batch else batch["prompt_ids"])
+    ids = _token_ids(batch)
     pixels = np.asarray(batch["pixel_values"])
     vision = {k: np.asarray(v) for k, v in batch["vision"].items()}
     if not micro_axis:
@@ -200,9 +244,11 @@ def gather_images(batch: dict, mesh, model_config: Any, *, micro_axis: bool = Tr
         raise ValueError(f"process {jax.process_index()}: the batch has {consumed.max() // mu} image tokens "
                          f"but pixel_values holds only {p_local} patches ({p_local // mu} merged tokens)")
     # per process: B, T, P, S, L, its first row in the global batch, consumed patches per micro-batch
+    per_row = (ids == model_config.image_token_id).sum(-1)             # [M, B local]
     meta = multihost_utils.process_allgather(np.array(
-        [*ids.shape[1:], p_local, s_local, l_local, first_global_row(mesh, ids.shape[1]), *consumed], np.int64))
-    shapes, first_rows, consumed_all = meta[:, :2], meta[:, 5], meta[:, 6:]
+        [*ids.shape[1:], p_local, s_local, l_local, first_global_row(mesh, ids.shape[1]), *consumed,
+         *per_row.reshape(-1)], np.int64))
+    shapes, first_rows, consumed_all = meta[:, :2], meta[:, 5], meta[:, 6:6 + m]
     p_max, s_max, l_max = (int(meta[:, i].max()) for i in (2, 3, 4))
     if (shapes != shapes[0]).any():
         raise ValueError(f"token arrays [B, T] differ across processes: {shapes.tolist()}; every process "
@@ -222,9 +268,10 @@ def gather_images(batch: dict, mesh, model_config: Any, *, micro_axis: bool = Tr
         micro.append(join_patches(parts, n * p_max, mu, num_slots=n * s_max, slot_len=l_max))
     pixels_g = np.stack([x[0] for x in micro])
     vision_g = {k: np.stack([x[1][k] for x in micro]) for k in vision}
+    rows_g = np.concatenate([meta[i, 6 + m:].reshape(m, -1) for i in order], axis=1)   # [M, global B]
     if not micro_axis:
         pixels_g, vision_g = pixels_g[0], {k: v[0] for k, v in vision_g.items()}
-    return {"pixel_values": pixels_g, "vision": vision_g}
+    return {"pixel_values": pixels_g, "vision": vision_g, "row_image_tokens": rows_g}
 
 
 def join_patches(parts: list[tuple[np.ndarray, dict, int]], num_patches: int, merge_unit: int, *,

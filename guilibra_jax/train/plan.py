@@ -185,6 +185,8 @@ def image_inputs(config, model_config, rows: int, processes: int = 1) -> tuple[n
     images = local_rows * processes
     vision = device_vision_inputs(prepare_vision_inputs(np.array([grid] * images), model_config, num_patches=total,
                                                         num_slots=images, slot_bucket=bucket))
+    if images == rows:   # one image per row, slot b = row b: put_batch marks the layout row-aligned
+        vision["row_slots"] = np.arange(rows, dtype=np.int32)[:, None]
     dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size * vc.patch_size
     return np.broadcast_to(np.zeros((1, dim), np.float32), (total, dim)), vision   # shape only (GBs at real size)
 
