@@ -97,10 +97,11 @@ def mopd_report(root: str, study) -> dict:
     P = study.PLATFORMS
     rows = {m: scores(_eval_entries(root, m)[0], P) for m in study.MODELS}
     claims = {}
-    for other in ("mixed_sft", "merge_average", "merge_ties", "base"):
-        for p in P:
-            op = ">" if other == "base" else ">="
-            claims[f"mopd {op} {other} on {p}"] = _beats(rows["mopd"][p], rows[other][p], strict=op == ">")
+    for arm in getattr(study, "MOPD_ARMS", ("mopd",)):
+        for other in ("mixed_sft", "merge_average", "merge_ties", "base"):
+            for p in P:
+                op = ">" if other == "base" else ">="
+                claims[f"{arm} {op} {other} on {p}"] = _beats(rows[arm][p], rows[other][p], strict=op == ">")
     results = {"study": "mopd", "models": rows, "paper": {k: dict(zip(P, v)) for k, v in study.PAPER.items()},
                "claims": claims}
     figs = {
@@ -108,10 +109,10 @@ def mopd_report(root: str, study) -> dict:
                          list(study.MODELS), list(P), [[rows[m][p]["success_rate"] for p in P] for m in study.MODELS],
                          [[tuple(rows[m][p]["ci95"]) for p in P] for m in study.MODELS]),
         "mopd_reward": F.lines(os.path.join(root, "mopd_reward.png"), "MOPD student: rollout reward",
-                               [("all", _curve(root, "mopd", "reward_mean"))]
-                               + [(p, _curve(root, "mopd", f"{p}/reward_mean")) for p in P]),
+                               [(f"{arm} {p}", _curve(root, arm, f"{p}/reward_mean"))
+                                for arm in getattr(study, "MOPD_ARMS", ("mopd",)) for p in P]),
         "mopd_kl": F.lines(os.path.join(root, "mopd_kl.png"), "MOPD student: K3 to its platform's teacher",
-                           [("kl", _curve(root, "mopd", "kl"))]),
+                           [(arm, _curve(root, arm, "kl")) for arm in getattr(study, "MOPD_ARMS", ("mopd",))]),
     }
     pts = [pt for m in study.MODELS for pt in _points(m, rows[m], P)]
     plot_points(pts, os.path.join(root, "offline_vs_online.png"))
