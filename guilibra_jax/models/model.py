@@ -33,9 +33,14 @@ class QwenVL(nnx.Module):
   """
 
   def __init__(self, config: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32, remat: str = "none",
-               scan_layers: bool = False, attention_block: int = BLOCK, rngs: nnx.Rngs | None = None):
+               scan_layers: bool = False, attention_block: int = BLOCK, mlp_chunk: int = 0,
+               rngs: nnx.Rngs | None = None):
     """attention_block: tile size of the blockwise (flash) attention that sequences longer
-    than it use, in the decoder and the vision tower (shorter ones attend densely)."""
+    than it use, in the decoder and the vision tower (shorter ones attend densely).
+    mlp_chunk: positions per chunk of the MLPs of rows longer than it (layers.position_wise;
+    0 = whole rows): bounds their [T, intermediate] buffers at long sequences."""
+    if int(mlp_chunk) < 0:
+      raise ValueError(f"mlp_chunk must be 0 (off) or a positive number of positions, got {mlp_chunk!r}")
     if remat not in REMAT_POLICIES:
       raise ValueError(f"remat must be one of {sorted(REMAT_POLICIES)}, got {remat!r}")
     if int(attention_block) < 1:
@@ -48,9 +53,10 @@ class QwenVL(nnx.Module):
     self.scan_layers = scan_layers
     policy = REMAT_POLICIES[remat]
     self.visual = VisionTower(config, dtype=dtype, param_dtype=param_dtype, remat=policy,
-                               attention_block=self.attention_block, scan_blocks=scan_layers, rngs=rngs)
+                               attention_block=self.attention_block, scan_blocks=scan_layers,
+                               mlp_chunk=int(mlp_chunk), rngs=rngs)
     self.language_model = TextModel(config, dtype=dtype, param_dtype=param_dtype, remat_policy=policy,
-                                    scan_layers=scan_layers, rngs=rngs)
+                                    scan_layers=scan_layers, mlp_chunk=int(mlp_chunk), rngs=rngs)
     if not config.tie_word_embeddings:
       self.lm_head = Linear((config.text.hidden_size,), (config.text.vocab_size,), ("embed",), ("vocab",),
                             use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)

@@ -29,7 +29,8 @@ from flax import nnx
 from guilibra_jax import sharding as S
 from guilibra_jax.models.attention import BLOCK, varlen_attention
 from guilibra_jax.models.config import ModelConfig, VisionConfig
-from guilibra_jax.models.layers import (Embed, LayerNorm, Linear, RMSNorm, activation, apply_rope, vision_rope)
+from guilibra_jax.models.layers import (Embed, LayerNorm, Linear, RMSNorm, activation, apply_rope, position_wise,
+                                        vision_rope)
 
 
 # ----------------------------------------------------------------------------- host side
@@ -265,8 +266,10 @@ class PlainMLP(nnx.Module):
 
 class VisionBlock(nnx.Module):
 
-  def __init__(self, vc: VisionConfig, family: str, *, dtype, param_dtype, rngs, attention_block: int = BLOCK):
+  def __init__(self, vc: VisionConfig, family: str, *, dtype, param_dtype, rngs, attention_block: int = BLOCK,
+               mlp_chunk: int = 0):
     d = vc.hidden_size
+    self.mlp_chunk = int(mlp_chunk)
     if family == "qwen2_5_vl":
       self.norm1 = RMSNorm(d, ("vision_embed",), eps=1e-6, dtype=dtype, param_dtype=param_dtype)
       self.norm2 = RMSNorm(d, ("vision_embed",), eps=1e-6, dtype=dtype, param_dtype=param_dtype)
@@ -278,9 +281,11 @@ class VisionBlock(nnx.Module):
       self.mlp = PlainMLP(d, vc.intermediate_size, vc.hidden_act, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.attn = VisionAttention(vc, dtype=dtype, param_dtype=param_dtype, rngs=rngs, attention_block=attention_block)
 
-  def __call__(self, x, cos, sin, lengths):
+  def __call__(self, x, cos, sin, lengths, slots: int | None = None):
+    """``slots``: the tower's slot count when x is a windowed view [S * W, w, D] (the MLP,
+    position-wise, is chunked over each slot's positions: see layers.position_wise)."""
     x = x + self.attn(self.norm1(x), cos, sin, lengths)
-    return x + self.mlp(self.norm2(x))
+    return x + position_wise(self.mlp, self.norm2(x), self.mlp_chunk, slots)
 
 
 class PatchMerger(nnx.Module):
@@ -322,7 +327,7 @@ class VisionTower(nnx.Module):
   merged features in image order (the k-th <|image_pad|> token of the batch takes row k)."""
 
   def __init__(self, config: ModelConfig, *, dtype, param_dtype, remat=None, attention_block: int = BLOCK,
-               scan_blocks: bool = False, rngs: nnx.Rngs):
+               scan_blocks: bool = False, mlp_chunk: int = 0, rngs: nnx.Rngs):
     """remat: None (off), "full", or a jax.checkpoint policy for each block; scan_blocks:
     run runs of consecutive blocks in a lax.scan (see _run_blocks)."""
     vc = config.vision
@@ -337,7 +342,8 @@ class VisionTower(nnx.Module):
                                                 use_bias=family == "qwen3_vl", **kw)})
     if family == "qwen3_vl":
       self.pos_embed = Embed(vc.num_position_embeddings, vc.hidden_size, (None, "vision_embed"), **kw)
-    self.blocks = nnx.List([VisionBlock(vc, family, attention_block=attention_block, **kw) for _ in range(vc.depth)])
+    self.blocks = nnx.List([VisionBlock(vc, family, attention_block=attention_block, mlp_chunk=mlp_chunk, **kw)
+                            for _ in range(vc.depth)])
     self.merger = PatchMerger(vc, family, postshuffle_norm=False, **kw)
     if family == "qwen3_vl":
       self.deepstack_merger_list = nnx.List(
@@ -356,7 +362,7 @@ class VisionTower(nnx.Module):
 
     def call(gdef, state, x):
       inp, cos, sin, lengths = inputs(x)
-      return _shard_slots(nnx.merge(gdef, state)(inp, cos, sin, lengths).reshape(shape))
+      return _shard_slots(nnx.merge(gdef, state)(inp, cos, sin, lengths, shape[0]).reshape(shape))
 
     def remat(fn, scanned):
       if self.remat is None:

@@ -32,6 +32,7 @@ def base_config() -> mlc.ConfigDict:
         param_dtype="float32",  # master weights (and optimizer state)
         remat="none", scan_layers=False, seed=0,
         attention_block=1024,  # flash-attention tile; sequences longer than it attend blockwise
+        mlp_chunk=0,           # MLPs of rows longer than this run in chunks of it (0: whole rows)
         tiny=dict(family="qwen2_5_vl", hidden=128, intermediate=256, layers=2, heads=4, kv_heads=2,
                   vision_depth=2, vision_hidden=64, vision_intermediate=128, vision_heads=4, tie=True,
                   mrope_section=()),
@@ -207,6 +208,7 @@ RULES: dict[str, K.Check] = {
     "model.remat": K.one_of(*REMATS),
     "model.scan_layers": K.boolean(),
     "model.attention_block": K.integer(1),
+    "model.mlp_chunk": K.integer(0, note="(0 = whole rows)"),
     "model.seed": K.integer(0),
     "model.tiny.family": K.one_of(*FAMILIES),
     "model.tiny.hidden": K.integer(1),

@@ -72,7 +72,7 @@ def build_model(config: Any, tokenizer, mesh=None) -> tuple[M.QwenVL, M.ModelCon
     dtype = dtype_of(mc.dtype, "model.dtype")
     param_dtype = dtype_of(mc.param_dtype, "model.param_dtype")
     kw = dict(dtype=dtype, param_dtype=param_dtype, remat=mc.remat, scan_layers=mc.scan_layers,
-              attention_block=mc.get("attention_block", ATTENTION_BLOCK))
+              attention_block=mc.get("attention_block", ATTENTION_BLOCK), mlp_chunk=mc.get("mlp_chunk", 0))
     if mc.hf_path:
         if not os.path.isdir(mc.hf_path):
             raise FileNotFoundError(f"model.hf_path: {mc.hf_path!r} is not a folder")
@@ -105,7 +105,8 @@ def model_kwargs(config: Any, dtype: str | None = None) -> dict:
     mc = config.model
     return dict(dtype=dtype_of(dtype or mc.dtype, "model.dtype"),
                 param_dtype=dtype_of(dtype or mc.param_dtype, "model.param_dtype"), remat=mc.remat,
-                scan_layers=mc.scan_layers, attention_block=mc.get("attention_block", ATTENTION_BLOCK))
+                scan_layers=mc.scan_layers, attention_block=mc.get("attention_block", ATTENTION_BLOCK),
+                mlp_chunk=mc.get("mlp_chunk", 0))
 
 
 def abstract_model(model_config: M.ModelConfig, mesh, **kw) -> tuple[Any, dict, dict]:
@@ -187,7 +188,8 @@ def load_frozen(path: str, *, dtype: str = "bfloat16", param_dtype: str = "bfloa
     model_config = model_config_of(run, tokenizer)
     kw = dict(dtype=dtype_of(dtype, "dtype"), param_dtype=dtype_of(param_dtype, "param_dtype"),
               remat=run.model.remat, scan_layers=run.model.scan_layers,
-              attention_block=run.model.get("attention_block", ATTENTION_BLOCK))
+              attention_block=run.model.get("attention_block", ATTENTION_BLOCK),
+              mlp_chunk=run.model.get("mlp_chunk", 0))
     if mesh is not None:
         graphdef, abstract, shardings = abstract_model(model_config, mesh, **kw)
     else:
