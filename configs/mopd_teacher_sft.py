@@ -24,19 +24,22 @@ Remaining departures from the release, and why:
     python -m launch.train --config=configs/mopd_teacher_sft.py:mobile --workdir=DIR \\
         --config.model.hf_path=/models/Qwen3-VL-32B-Thinking --config.data.train_files=/data/uni-gui/mobile
 
-Memory (``python -m launch.plan``, ``benchmarks/results/plan-mopd_teacher_sft-*.json``): this
-recipe does NOT fit its hardware as planned on fake CPU devices: 154 GiB per GPU of 72 usable
-(float32 master weights and AdamW moments of 32B parameters are 47 GiB per GPU over 8; one
-16,384-token row's step needs 107 GiB more on the CPU compiler, which keeps the saved residual
-stream in float32, 20 GiB of it). The release fits 8 GPUs with Megatron tensor parallel 4,
-full recompute, and gradients and optimizer state offloaded to host memory (``grad_offload``,
-``optimizer_offload``: a CPU optimizer), which this framework does not do; two hosts (fsdp 16)
-plan at 138 GiB, so the residual stream would also need sharding over the sequence.
+Memory (``python -m launch.plan``, ``benchmarks/results/plan-mopd_teacher_sft-qwen3_vl_32b-8x8-cpu.json``):
+the release trains each 32B teacher on one host of 8 GPUs with Megatron tensor parallel 4,
+full recompute, and gradients and optimizer state offloaded to host memory (a CPU
+optimizer), which this framework does not do. Without offload the float32 master weights
+and AdamW moments alone are 47 GiB per GPU over 8, so this recipe is sized for 8 x 8 H100
+80GB: FSDP over 32 groups x tensor parallel 2, one 16,384-token row per FSDP group (32 rows:
+the release's global batch, no accumulation), MLPs in chunks of 4,096 positions
+(``model.mlp_chunk``); planned on 64 fake CPU devices at 60.9 GiB per GPU of 72 usable
+(parameters 2.1, AdamW 4.2, step 54.6). 4 x 8 (fsdp 16 x tensor 2, 2 micro-batches of 16
+rows) plans at 74.8 and fsdp 32 at 75.6: over by 3-4 GiB on the CPU compiler, whose plan
+keeps a float32 copy of the bfloat16 residual stream (20 GiB here) that a GPU does not make.
 
-Hardware: 1 x 8 H100 80GB (one host, as the release).
+Hardware: 8 x 8 H100 80GB (the release: 1 x 8 with host offload).
 """
 
-from guilibra_jax.train.config import H100_1x8, base_config, hardware
+from guilibra_jax.train.config import H100_8x8, base_config, hardware
 
 PIXELS = {"desktop": (3136, 13107200), "mobile": (40768, 548800)}   # data/sft/generate_*_sft_parquet.py
 
@@ -57,8 +60,8 @@ def get_config(arg="desktop"):
     c.data.max_length = 16384
     c.data.seq_buckets = (4096, 8192, 16384)
     c.data.pixels = dict(PIXELS)
-    c.data.batch_size = 8         # one row per GPU per micro-batch ...
-    c.train.grad_accum = 4        # ... x 4 = train_batch_size 32
+    c.data.batch_size = 32        # train_batch_size 32: one row per FSDP group (2 GPUs), one micro-batch
+    c.train.grad_accum = 1
     c.data.workers = 8
     c.loss.alpha_action = 1.0     # plain SFT for teachers (token-weighted CE)
     c.loss.alpha_grounding = 1.0
@@ -71,8 +74,9 @@ def get_config(arg="desktop"):
     c.optim.weight_decay = 0.01
     c.optim.b1, c.optim.b2 = 0.9, 0.999
     c.optim.clip_norm = 1.0
-    c.hardware = hardware(*H100_1x8)   # the release: 1 node x 8 GPUs
-    c.mesh.fsdp = 8
-    c.mesh.tensor = 1
+    c.model.mlp_chunk = 4096      # [16,384, 25,600] MLP buffers in chunks (launch.plan: 29 -> 20 GiB at 2 layers)
+    c.hardware = hardware(*H100_8x8)   # the release: 1 node x 8 GPUs with host offload (see above)
+    c.mesh.fsdp = 32
+    c.mesh.tensor = 2
     c.train.steps = 1000          # placeholder: one epoch = ceil(records / 32)
     return c
