@@ -14,6 +14,8 @@
                      scored by its platform's specialist (K3, paper KL mask) and the task reward
     mopd_release     the same with the release's switches: group filtering on (groups of pass
                      rate 0 or 1 dropped, more prompts sampled), no KL mask (run_mopd.sh)
+    mopd_lr2e4       ``mopd`` at 4x the learning rate (2e-4): the two arms above gained little
+                     in 150 steps at 5e-5 (is the student under-trained?)
     eval_<model>     held-out offline step accuracy and online success (launch.eval)
 
 Every model has the student's architecture (merging needs it); all share the base's
@@ -29,10 +31,9 @@ import ml_collections as mlc
 from configs import demo, eval_demo, mopd_demo
 
 ROOT = "runs/study_mopd"
-ARGS = ("base", "teacher_desktop", "teacher_mobile", "mixed_sft", "mopd", "mopd_release")
-MODELS = ("base", "teacher_desktop", "teacher_mobile", "mixed_sft", "merge_average", "merge_ties", "mopd",
-          "mopd_release")
-MOPD_ARMS = ("mopd", "mopd_release")
+MOPD_ARMS = ("mopd", "mopd_release", "mopd_lr2e4")
+ARGS = ("base", "teacher_desktop", "teacher_mobile", "mixed_sft", *MOPD_ARMS)
+MODELS = ("base", "teacher_desktop", "teacher_mobile", "mixed_sft", "merge_average", "merge_ties", *MOPD_ARMS)
 PLATFORMS = ("desktop", "mobile")
 # UI-MOPD's Table (METHOD.md section 3): online success rate (%) on OSWorld (desktop) and
 # MobileWorld (mobile); Qwen3-VL-8B student, 32B teachers.
@@ -97,6 +98,8 @@ def get_config(arg: str = "base", root: str = ROOT, smoke: bool = False) -> mlc.
             c.rl.group_filter.max_rounds = 3
             c.rl.update_groups = c.data.batch_size
             c.data.batch_size *= 2
+        if arg == "mopd_lr2e4":
+            c.optim.lr = 2e-4
     return finish(c, root, smoke)
 
 
