@@ -45,7 +45,8 @@ row per micro-batch it needs 88.0 GiB). ``qwen2_5_vl_7b_v5p`` on a TPU v5p-16 (2
 tensor parallelism over the 4 chips of a TPU VM (mesh.tensor = 4), FSDP over the VMs, one row
 per FSDP group per micro-batch; the TPU compiler plans it at 67.6 GiB per chip of 85.5
 (benchmarks/results/tpu-plan-guilibra_sft-qwen2_5_vl_7b_v5p.json). ``qwen3_vl_4b_v5p`` on a TPU v5p-8
-as the 3B: 60.1 GiB per chip (tpu-plan-guilibra_sft-qwen3_vl_4b_v5p.json).
+as the 3B: 60.1 GiB per chip (tpu-plan-guilibra_sft-qwen3_vl_4b_v5p.json); ``qwen3_vl_8b_v5p`` on a
+TPU v5p-16 as the 7B: 69.3 GiB (tpu-plan-guilibra_sft-qwen3_vl_8b_v5p.json).
 """
 
 from guilibra_jax.train.config import H100_1x8, V5P_2x2x1, V5P_2x2x2, base_config, hardware
@@ -62,6 +63,7 @@ TPU_VARIANTS = {   # name: (size, slice, mesh.tensor)
     "qwen2_5_vl_3b_v5p": ("qwen2_5_vl_3b", V5P_2x2x1, 1),   # fsdp 4: one row per chip (tensor 4 needs 88 GiB)
     "qwen2_5_vl_7b_v5p": ("qwen2_5_vl_7b", V5P_2x2x2, 4),
     "qwen3_vl_4b_v5p": ("qwen3_vl_4b", V5P_2x2x1, 1),       # as the 3B: fsdp 4, one row per chip
+    "qwen3_vl_8b_v5p": ("qwen3_vl_8b", V5P_2x2x2, 4),       # as the 7B: fsdp 2 x tensor 4
 }
 ARGS = ("qwen2_5_vl_3b", "qwen2_5_vl_7b", "qwen3_vl_4b", "qwen3_vl_8b", *TPU_VARIANTS)
 STEPS = 636                       # one epoch: ~81K steps x 2 samples (1:1 mix) / 256 per step
