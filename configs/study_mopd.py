@@ -31,8 +31,8 @@ import ml_collections as mlc
 from configs import demo, eval_demo, mopd_demo
 
 ROOT = "runs/study_mopd"
-MOPD_ARMS = ("mopd", "mopd_release", "mopd_lr2e4")
-ARGS = ("base", "teacher_desktop", "teacher_mobile", "mixed_sft", *MOPD_ARMS)
+ARGS = ("base", "teacher_desktop", "teacher_mobile", "mixed_sft", "mopd", "mopd_release", "mopd_lr2e4")  # a literal:
+MOPD_ARMS = ARGS[4:]                                                                  # launch.recipes reads it
 MODELS = ("base", "teacher_desktop", "teacher_mobile", "mixed_sft", "merge_average", "merge_ties", *MOPD_ARMS)
 PLATFORMS = ("desktop", "mobile")
 # UI-MOPD's Table (METHOD.md section 3): online success rate (%) on OSWorld (desktop) and

@@ -126,3 +126,13 @@ def test_tpu_recipes_plan_on_their_slice_at_tiny_size():
     for g in got:
         rep = g["report"]
         assert rep["devices"] == rep["tpu"]["devices"] and rep["fits"] is True, (g["recipe"], rep["per_device_gib"])
+
+
+def test_the_recipe_list_names_every_argument_a_recipe_declares():
+    """launch.recipes reads ARGS from the source without importing (``ast.literal_eval``); an
+    ARGS that is not a literal (e.g. built with ``*``) used to fall back silently to the RECIPES
+    dict, dropping arguments from --help and from every test parametrised over the recipes."""
+    for r in R.list_recipes():
+        module = importlib.import_module(r.path[:-3].replace("/", "."))
+        declared = set(getattr(module, "ARGS", ()))
+        assert declared <= set(r.args), (r.path, sorted(declared - set(r.args)))
