@@ -43,7 +43,8 @@ TPU variants, the same batch geometry, one row per chip per update micro-batch:
 ``qwen2_5_vl_7b_v5p`` on a TPU v5p-16 (2x2x2, 8 chips) (2 TPU VMs, mesh fsdp 8): the TPU compiler
 plans it at 58.2 GiB per chip of 85.5 (benchmarks/results/tpu-plan-guilibra_grpo-qwen2_5_vl_7b_v5p.json;
 on a v5p-64, fsdp 32: 25.8); ``qwen2_5_vl_3b_v5p`` and ``qwen3_vl_4b_v5p`` on a
-TPU v5p-8 (2x2x1, 4 chips) (fsdp 4): 60.4 and 63.9 GiB (tpu-plan-guilibra_grpo-<size>_v5p.json).
+TPU v5p-8 (2x2x1, 4 chips) (fsdp 4): 60.4 and 63.9 GiB (tpu-plan-guilibra_grpo-<size>_v5p.json);
+``qwen3_vl_8b_v5p`` on a TPU v5p-16 (fsdp 8): 61.2 GiB (tpu-plan-guilibra_grpo-qwen3_vl_8b_v5p.json).
 """
 
 from configs.guilibra_sft import RECIPES
@@ -54,9 +55,10 @@ TPU_VARIANTS = {
     "qwen2_5_vl_3b_v5p": ("qwen2_5_vl_3b", V5P_2x2x1, 4, 1),
     "qwen2_5_vl_7b_v5p": ("qwen2_5_vl_7b", V5P_2x2x2, 8, 1),   # fsdp 4 on a v5p-8: 89.6 GiB, does not fit
     "qwen3_vl_4b_v5p": ("qwen3_vl_4b", V5P_2x2x1, 4, 1),
+    "qwen3_vl_8b_v5p": ("qwen3_vl_8b", V5P_2x2x2, 8, 1),
 }
 ARGS = ("qwen2_5_vl_3b", "qwen2_5_vl_7b", "qwen3_vl_4b", "qwen3_vl_8b", "qwen2_5_vl_3b_v5p", "qwen2_5_vl_7b_v5p",
-        "qwen3_vl_4b_v5p")   # a literal: launch.recipes reads it without importing
+        "qwen3_vl_4b_v5p", "qwen3_vl_8b_v5p")   # a literal: launch.recipes reads it without importing
 assert set(ARGS[4:]) == set(TPU_VARIANTS)
 
 RELEASE_PIXELS = (262144, 2508800)   # examples/config.yaml min_pixels; the scripts' data.max_pixels
