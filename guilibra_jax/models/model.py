@@ -64,9 +64,10 @@ class QwenVL(nnx.Module):
       self.lm_head = None
 
   # ------------------------------------------------------------------ pieces
-  def image_features(self, pixel_values, vision: dict):
-    """-> (merged [P/m^2, D], deepstack list of [P/m^2, D]) in image order; padding rows last."""
-    return self.visual(pixel_values.astype(self.dtype), vision)
+  def image_features(self, pixel_values, vision: dict, image_order: bool = True):
+    """-> (merged [P/m^2, D], deepstack list of [P/m^2, D]) in image order, padding rows last;
+    with ``image_order=False`` per tower slot ([S, L/m^2, D] each)."""
+    return self.visual(pixel_values.astype(self.dtype), vision, image_order=image_order)
 
   def _embed(self, input_ids, pixel_values, vision):
     h = self.language_model.embed_tokens(input_ids)
@@ -76,7 +77,7 @@ class QwenVL(nnx.Module):
     # k-th <|image_pad|> token of the batch (row-major) takes merged feature k.
     idx = jnp.cumsum(is_image.reshape(-1)).reshape(is_image.shape) - 1
     if "row_slots" in vision:
-      take, merged, deepstack = self._row_local_take(input_ids, idx, pixel_values, vision, h.dtype)
+      take, merged, deepstack = self._row_local_take(is_image, idx, pixel_values, vision, h.dtype)
     else:
       merged, deepstack = self.image_features(pixel_values, vision)
       idx = jnp.clip(idx, 0, merged.shape[0] - 1)
@@ -96,7 +97,7 @@ class QwenVL(nnx.Module):
 
     return h, add, len(deepstack)
 
-  def _row_local_take(self, input_ids, idx, pixel_values, vision, dtype):
+  def _row_local_take(self, is_image, idx, pixel_values, vision, dtype):
     """Image features gathered row by row from the rows' own slots, for a row-aligned layout
     (``vision["row_slots"]`` [B, k]: row b's images are in slots b*k .. b*k+k-1, S = B*k;
     ``train.batching.row_slots`` checks it on the host). Slots and rows are sharded alike over
@@ -104,18 +105,17 @@ class QwenVL(nnx.Module):
     in image order (and no gradient of it) on every device, whose size grows with the rows of
     the whole mesh (measured: a 32B step's temporaries per device grew from 107 to 163 GiB
     from 8 to 32 devices at one row per device)."""
-    merged, deepstack = self.image_features_per_slot(pixel_values, vision)   # [S, U, D]
+    merged, deepstack = self.image_features(pixel_values, vision, image_order=False)   # [S, U, D]
     row_slots = jnp.asarray(vision["row_slots"])
     (b, k), (n_slots, units) = row_slots.shape, merged.shape[:2]
-    if n_slots != b * k or input_ids.shape[0] != b:
+    if n_slots != b * k or is_image.shape[0] != b:
       raise ValueError(f"vision['row_slots'] {row_slots.shape} does not describe {n_slots} slots of "
-                       f"{input_ids.shape[0]} rows (a row-aligned layout has S = rows x slots per row)")
+                       f"{is_image.shape[0]} rows (a row-aligned layout has S = rows x slots per row)")
     n = vision["token_slot"].shape[0]
     j = jnp.clip(idx, 0, n - 1)
     slot, unit = jnp.asarray(vision["token_slot"])[j], jnp.asarray(vision["token_unit"])[j]   # [B, T]
     local = jnp.clip((slot - row_slots[:, :1]) * units + unit, 0, k * units - 1)
     local = S.constrain_batch(local)
-    is_image = input_ids == self.config.image_token_id
 
     def take(table):   # [S, U, D] -> [B, T, D]
       rows = S.constrain_batch(table.reshape(b, k * units, table.shape[-1]))
@@ -123,10 +123,6 @@ class QwenVL(nnx.Module):
       return S.constrain_batch(jnp.where(is_image[..., None], got.astype(dtype), 0))
 
     return take, merged, deepstack
-
-  def image_features_per_slot(self, pixel_values, vision: dict):
-    """-> (merged [S, L/m^2, D], deepstack list of the same) per tower slot."""
-    return self.visual(pixel_values.astype(self.dtype), vision, image_order=False)
 
   def hidden_states(self, input_ids, positions, segment_ids, pixel_values=None, vision=None):
     """Final-normed decoder hidden states [B, T, D] (compute dtype)."""
