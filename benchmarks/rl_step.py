@@ -15,16 +15,19 @@ Sizes (model.tiny.*; the vocabulary is the synthetic world's tokenizer, data.syn
   bench100m  benchmarks/_common.py's bench100m shapes (text 512 x 8, vision 384 x 4); with the
              synthetic 1k vocabulary instead of Qwen's 152k it has ~30M parameters, not ~113M.
 
-Shared prefill (``prefill`` in the JSON; --prefill_rounds, 0 = off): after the run, the sampler
-(``rl_loop.rollout``: generate, decode) on the same prompt batches and keys with each prompt's
-prefill shared by its G rows (rl.share_prefill=True: vision tower + prompt once per prompt, the KV
-cache repeated) and without (every row prefills its own copy of the prompt), the two sides
-interleaved round by round (which goes first alternates), the first (compiling) round untimed.
-It reports both sides' times, the speedup, and whether they sampled identical tokens (they must).
+Shared prompts (``shared_prompts`` in the JSON; --share_rounds, 0 = off): after the run, whole
+GRPO steps (rl_loop's rollout, reward, advantages, score, update) with each prompt computed once
+for its group's rows (rl.share_prefill=True: the sampler's prefill shared by the G rows, scoring
+and updates in the shared-prompt layout: the vision tower and the prompt's layers once per prompt
+and call, the LM head at response positions only) and without (every row its own prompt), the two
+sides interleaved round by round (which goes first alternates) on the same prompt batches and
+keys, both starting each round from the same state, the first (compiling) round untimed.
+It reports both sides' phase times, the speedups, whether they sampled identical tokens, and the
+largest per-round difference of reward, loss, gradient norm and KL between the sides.
 
   python -m benchmarks.rl_step                                   # tiny, 2 prompts x G=4, 4 steps
   python -m benchmarks.rl_step --size=medium --prompts=4 --group=8 --max_new_tokens=64 --steps=4
-  python -m benchmarks.rl_step --size=bench100m --prompts=8 --group=8 --prefill_rounds=5
+  python -m benchmarks.rl_step --size=bench100m --prompts=8 --group=8 --share_rounds=4
   python -m benchmarks.rl_step --set rl.minibatches=1 --set model.dtype=bfloat16
 
 Writes benchmarks/results/rl_step-<size>-<dtype>-<machine>.json (see --out_dir) and prints it.
@@ -124,10 +127,15 @@ def summarize(rows: list[dict], config) -> dict:
     return out
 
 
-def compare_prefill(config, workdir: str, rounds: int) -> dict:
-    """Sampler seconds per round with the prefill shared by each group and without, interleaved
-    on the same prompt batches and keys (a fresh policy of the run's config and seed)."""
+def compare_sharing(config, workdir: str, rounds: int) -> dict:
+    """GRPO steps (rollout + reward + advantages, scoring, update: rl_loop's phases, as
+    train_rl runs them) with each prompt computed once per group (rl.share_prefill=True: the
+    sampler's prefill, and the scoring and update passes in the shared-prompt layout) and
+    without (every row its own prompt everywhere), the two sides interleaved round by round
+    (which goes first alternates) on the same prompt batches and sampling keys, each side
+    updating its own copy of one initial state; round 0 (compiling) untimed."""
     from guilibra_jax.data.pipeline import make_rl_loader
+    from guilibra_jax.train import advantages as ADV
     from guilibra_jax.train import data_source, rl_loop
     from guilibra_jax.train import multihost as MH
 
@@ -137,32 +145,62 @@ def compare_prefill(config, workdir: str, rounds: int) -> dict:
     plain_config = config.copy_and_resolve_references()
     plain_config.rl.share_prefill = False
     sides = {"shared": shared, "unshared": dataclasses.replace(shared, config=plain_config)}
+    states = {"shared": state, "unshared": jax.tree.map(lambda x: x.copy(), state)}
     loader = make_rl_loader(data_source.data_config(config, data_source.train_files(config, workdir)), tokenizer,
                             shared.model_config, shard_index=jax.process_index(), shard_count=jax.process_count())
     prompts = rl_loop.Prompts(loader)
-    times = {name: [] for name in sides}
+    times = {name: {k: [] for k in PARTS} for name in sides}
+    seen = {name: [] for name in sides}
     same, rows = True, 0
+    rl = config.rl
+
+    def one_step(name, batch, key):
+        s = sides[name]
+        t0 = time.perf_counter()
+        ro = rl_loop.rollout(s, states[name]["params"], batch, key)
+        sc = rl_loop.reward(s, ro)
+        adv = ADV.compute(sc.reward, sc.success & ro.valid, rl.group_size, config.method, rl)
+        adv["advantages"] = np.where(ro.valid, adv["advantages"], 0.0).astype(np.float32)
+        t1 = time.perf_counter()
+        scores = rl_loop.score(s, states[name]["params"], ro)
+        t2 = time.perf_counter()
+        states[name], metrics, _ = rl_loop.update(s, states[name], ro, adv, scores)
+        t3 = time.perf_counter()
+        return ro, sc, metrics, (t1 - t0, t2 - t1, t3 - t2)
+
     try:
         for r in range(rounds + 1):     # round 0 compiles both sides
             batch, key = next(prompts), jax.random.PRNGKey(1000 + r)
+            # both sides start the round from one state: the same rollouts, and the layouts'
+            # float noise does not compound (at a KL near 0 it steers the update)
+            states["unshared"] = jax.tree.map(lambda x: x.copy(), states["shared"])
             order = list(sides) if r % 2 == 0 else list(sides)[::-1]
             out = {}
             for name in order:
-                t0 = time.perf_counter()
-                out[name] = rl_loop.rollout(sides[name], state["params"], batch, key)
+                out[name] = one_step(name, batch, key)
                 if r:
-                    times[name].append(time.perf_counter() - t0)
-            same &= bool(np.array_equal(out["shared"].tokens, out["unshared"].tokens)
-                         and np.array_equal(out["shared"].lengths, out["unshared"].lengths))
-            rows = out["shared"].rows
+                    for k, t in zip(PARTS, out[name][3]):
+                        times[name][k].append(t)
+                ro, sc, metrics, _ = out[name]
+                seen[name].append({"reward_mean": float(sc.reward[ro.valid].mean()), "loss": float(metrics["loss"]),
+                                   "grad_norm": float(metrics["grad_norm"]), "kl": float(metrics["kl"])})
+            a, b = out["shared"][0], out["unshared"][0]
+            same &= bool(np.array_equal(a.tokens, b.tokens) and np.array_equal(a.lengths, b.lengths))
+            rows = a.rows
     finally:
         prompts.close()
-    mean = {name: float(np.mean(t)) for name, t in times.items()}
-    return {"rounds": rounds, "rows_per_round": rows, "group": config.rl.group_size,
-            "shared_s": round(mean["shared"], 4), "unshared_s": round(mean["unshared"], 4),
-            "shared_s_each": [round(t, 4) for t in times["shared"]],
-            "unshared_s_each": [round(t, 4) for t in times["unshared"]],
-            "speedup": round(mean["unshared"] / mean["shared"], 3), "identical_tokens": same}
+    res = {"rounds": rounds, "rows_per_round": rows, "group": rl.group_size, "minibatches": rl.minibatches,
+           "identical_tokens": same}
+    for name in sides:
+        step = [sum(x) for x in zip(*(times[name][k] for k in PARTS))]
+        res[name] = {"step_s": round(float(np.mean(step)), 4), "step_s_each": [round(t, 3) for t in step],
+                     **{k: round(float(np.mean(times[name][k])), 4) for k in PARTS}}
+    res["speedup"] = {k: round(res["unshared"][k] / res["shared"][k], 3) for k in ("step_s",) + PARTS}
+    res["step_time_change"] = round(res["shared"]["step_s"] / res["unshared"]["step_s"] - 1, 3)
+    res["max_abs_difference"] = {k: float(max(abs(x[k] - y[k]) for x, y in zip(seen["shared"], seen["unshared"])))
+                                 for k in seen["shared"][0]}
+    res["per_round"] = seen
+    return res
 
 
 def main(argv=None) -> dict:
@@ -176,12 +214,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="model.dtype (compute)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any other config override")
     ap.add_argument("--workdir", default="", help="a new folder to keep the run in (default: a temp folder, removed)")
-    ap.add_argument("--prefill_rounds", type=int, default=3,
-                    help="timed sampler rounds per side, prefill shared vs not (0 = skip the comparison)")
+    ap.add_argument("--share_rounds", type=int, default=3,
+                    help="timed steps per side, prompts shared by their group vs not (0 = skip the comparison)")
     C.add_result_args(ap)
     args = ap.parse_args(argv)
-    if args.prefill_rounds < 0:
-        raise SystemExit(f"--prefill_rounds={args.prefill_rounds}: expected >= 0")
+    if args.share_rounds < 0:
+        raise SystemExit(f"--share_rounds={args.share_rounds}: expected >= 0")
     if args.steps < 2:
         raise SystemExit("--steps must be >= 2: the first step compiles and is not averaged")
     if args.workdir and os.path.exists(os.path.join(args.workdir, "metrics.jsonl")):
@@ -196,7 +234,7 @@ def main(argv=None) -> dict:
     start = C.run_start()
     config = build_config(args)
     run_config.validate(config)
-    prefill = None
+    sharing = None
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or tmp
         t0 = time.perf_counter()
@@ -207,8 +245,8 @@ def main(argv=None) -> dict:
         tokenizer = data_source.prepare_tokenizer(config, workdir)
         params = param_count(model_factory.tiny_model_config(config.model.tiny, tokenizer)) \
             if not config.model.hf_path and config.model.name == "tiny" else None
-        if args.prefill_rounds:
-            prefill = compare_prefill(config, workdir, args.prefill_rounds)
+        if args.share_rounds:
+            sharing = compare_sharing(config, workdir, args.share_rounds)
     row = {"benchmark": "rl_step", "config": args.config, "size": args.size, "params": params,
            "method": config.method, "backend": jax.default_backend(), "devices": jax.device_count(),
            "prompts": config.data.batch_size, "group": config.rl.group_size, "rows": config.data.batch_size *
@@ -216,7 +254,7 @@ def main(argv=None) -> dict:
            "ppo_epochs": config.rl.ppo_epochs, "dtype": config.model.dtype, "steps": len(rows),
            "wall_s": round(wall_s, 2), "setup_s": round(wall_s - sum(r["step_s"] for r in rows), 2)}
     row.update(summarize(rows, config))
-    row["prefill"] = prefill
+    row["shared_prompts"] = sharing
     return C.report("rl_step", f"rl_step-{args.size}-{args.dtype}", row, args, start)
 
 

@@ -37,16 +37,24 @@ rows) plans at 74.8 and fsdp 32 at 75.6: over by 3-4 GiB on the CPU compiler, wh
 keeps a float32 copy of the bfloat16 residual stream (20 GiB here) that a GPU does not make.
 
 Hardware: 8 x 8 H100 80GB (the release: 1 x 8 with host offload).
+
+TPU variant (``desktop_v5p`` / ``mobile_v5p``; ``launch.plan`` compiles it with the TPU compiler,
+libtpu needed): a TPU v5p-64 (2x4x4, 32 chips on 8 TPU VMs), FSDP over 16 groups x tensor
+parallel 2 within a VM, one 16,384-token row per FSDP group and 2 micro-batches (the same 32
+rows per step).
 """
 
-from guilibra_jax.train.config import H100_8x8, base_config, hardware
+from guilibra_jax.train.config import H100_8x8, V5P_2x4x4, base_config, hardware
 
 PIXELS = {"desktop": (3136, 13107200), "mobile": (40768, 548800)}   # data/sft/generate_*_sft_parquet.py
+ARGS = ("desktop", "mobile", "desktop_v5p", "mobile_v5p")   # a literal: launch.recipes reads it
 
 
 def get_config(arg="desktop"):
-    if arg not in ("desktop", "mobile"):
-        raise ValueError(f"configs/mopd_teacher_sft.py: platform must be desktop or mobile, got {arg!r}")
+    if arg not in ARGS:
+        raise ValueError(f"configs/mopd_teacher_sft.py: unknown recipe {arg!r}; expected one of {list(ARGS)} "
+                         f"(a platform, optionally on a TPU v5p-64)")
+    arg, _, tpu = arg.partition("_")
     c = base_config()
     c.model.name = "qwen3_vl_32b"
     c.model.tiny.family = "qwen3_vl"
@@ -79,4 +87,8 @@ def get_config(arg="desktop"):
     c.mesh.fsdp = 32
     c.mesh.tensor = 2
     c.train.steps = 1000          # placeholder: one epoch = ceil(records / 32)
+    if tpu:                       # TPU v5p-64: fsdp 16 x tensor 2, 16 rows x 2 micro-batches
+        c.hardware = hardware(*V5P_2x4x4)
+        c.mesh.fsdp, c.mesh.tensor = 16, 2
+        c.data.batch_size, c.train.grad_accum = 16, 2
     return c

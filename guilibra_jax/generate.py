@@ -448,6 +448,45 @@ def token_logprobs(model, input_ids, positions, segment_ids, pixel_values=None, 
     return jnp.where(valid, lp, 0.0), valid, jnp.where(valid, ent, 0.0)
 
 
+SHARED_INPUTS = ("prompt_ids", "prompt_positions", "prompt_segment_ids", "response_ids", "response_positions",
+                 "response_mask")
+
+
+def shared_token_logprobs(model, batch: dict, *, temperature: float = 1.0, chunk_size: int | None = None,
+                          with_entropy: bool = False, banned_token_ids: tuple[int, ...] = ()
+                          ) -> tuple[Array, Array, Array]:
+    """(logp, valid, entropy), each [R, N'], of the response tokens of a shared-prompt batch
+    (``rollout.shared_batch``: P prompts, R = P x c rows, each prompt computed once for its
+    c rows by ``QwenVL.shared_prompt_hidden``): ``logp[r, j]`` = log p(response token j |
+    prompt, tokens < j), scored from the prompt's last position for j = 0. ``valid`` =
+    ``response_mask``. The vocabulary projection runs on the R x N' response positions only.
+    Equal to :func:`token_logprobs` on the whole rows at their response columns."""
+    ids = batch["response_ids"].astype(jnp.int32)
+    mask = batch["response_mask"].astype(jnp.int32)
+    hp, hr = model.shared_prompt_hidden(batch["prompt_ids"].astype(jnp.int32),
+                                        batch["prompt_positions"].astype(jnp.int32), batch["prompt_segment_ids"],
+                                        ids, batch["response_positions"].astype(jnp.int32), mask,
+                                        batch.get("pixel_values"), batch.get("vision"))
+    copies = ids.shape[0] // hp.shape[0]
+    last = jnp.repeat(hp[:, -1:], copies, axis=0)                 # predicts response token 0
+    h = jnp.concatenate([last, hr[:, :-1]], axis=1)               # position j predicts token j
+    valid = mask > 0
+    lp, ent = _token_logprobs(model, h, jnp.where(valid, ids, 0), float(temperature), chunk_size, with_entropy,
+                              tuple(banned_token_ids))
+    return jnp.where(valid, lp, 0.0), valid, jnp.where(valid, ent, 0.0)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "chunk_size", "banned_token_ids"))
+def score_shared(graphdef: nnx.GraphDef, params: Any, batch: dict, *, temperature: float = 1.0,
+                 chunk_size: int | None = None, banned_token_ids: tuple[int, ...] = ()) -> Array:
+    """Log-probs [R, N'] float32 of a shared-prompt batch's response tokens
+    (:func:`shared_token_logprobs`; 0 where not valid)."""
+    batch = {k: batch[k] for k in SHARED_INPUTS + ("pixel_values", "vision") if k in batch}
+    lp, _, _ = shared_token_logprobs(nnx.merge(graphdef, params), batch, temperature=temperature,
+                                     chunk_size=chunk_size, banned_token_ids=banned_token_ids)
+    return lp
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "chunk_size", "banned_token_ids"))
 def score(graphdef: nnx.GraphDef, params: Any, input_ids, positions, segment_ids, pixel_values=None, vision=None,
           response_mask=None, *, temperature: float = 1.0, chunk_size: int | None = None,

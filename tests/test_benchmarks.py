@@ -56,17 +56,19 @@ def test_sampler_benchmark_agrees_with_generate_and_writes_results(tmp_path):
     assert res["decode_flops"] > 0 and res["decode_bound"]
 
 
-def test_rl_step_benchmark_compares_shared_prefill_and_writes_results(tmp_path):
+def test_rl_step_benchmark_compares_shared_prompts_and_writes_results(tmp_path):
     from benchmarks import rl_step
 
-    res = rl_step.main(["--steps=2", "--max_new_tokens=4", "--prefill_rounds=1", f"--out_dir={tmp_path}"])
+    res = rl_step.main(["--steps=2", "--max_new_tokens=4", "--share_rounds=1", f"--out_dir={tmp_path}"])
     assert len(list(tmp_path.glob("rl_step-tiny-float32-*.json"))) == 1
     _provenance(res)
     assert res["steps"] == 2 and res["sample_s"] > 0 and res["update_s"] > 0
-    p = res["prefill"]
+    p = res["shared_prompts"]
     assert p["identical_tokens"], p     # the same key gives the same responses, shared or not
-    assert p["rounds"] == 1 and len(p["shared_s_each"]) == len(p["unshared_s_each"]) == 1
-    assert p["rows_per_round"] == res["rows"] and p["shared_s"] > 0 and p["unshared_s"] > 0
+    assert p["rounds"] == 1 and len(p["shared"]["step_s_each"]) == len(p["unshared"]["step_s_each"]) == 1
+    assert p["rows_per_round"] == res["rows"] and p["shared"]["update_s"] > 0 and p["unshared"]["score_s"] > 0
+    # the same rollouts and losses up to float noise
+    assert p["max_abs_difference"]["reward_mean"] == 0.0 and p["max_abs_difference"]["loss"] < 1e-4, p
 
 
 def _gpu_check(tmp_path, *flags):

@@ -131,6 +131,24 @@ class QwenVL(nnx.Module):
     h, _ = self.language_model(h, positions, self._mask(seg, seg, 0), add, n_ds)
     return h
 
+  def shared_prompt_hidden(self, prompt_ids, prompt_positions, prompt_segment_ids, response_ids,
+                           response_positions, response_segment_ids, pixel_values=None, vision=None):
+    """Final-normed hidden states of B rows [prompt | response] whose B' = B / c prompts are
+    each shared by c consecutive rows (row p * c + j: response j of prompt p): the vision
+    tower and the prompt run once per prompt (``TextModel.shared_prompt``).
+
+    prompt_ids / prompt_segment_ids [B', Tp], prompt_positions [3, B', Tp] (images: the
+    prompts'), response_ids / response_segment_ids [B, Tr], response_positions [3, B, Tr].
+    Returns (prompt hidden [B', Tp, D], response hidden [B, Tr, D]): what
+    :meth:`hidden_states` gives the whole rows, split there."""
+    hp, add, n_ds = self._embed(prompt_ids, pixel_values, vision)
+    hr = self.language_model.embed_tokens(response_ids)
+    seg_p, seg_r = prompt_segment_ids.astype(jnp.int32), response_segment_ids.astype(jnp.int32)
+    copies = seg_r.shape[0] // seg_p.shape[0]
+    kv_seg = jnp.concatenate([jnp.repeat(seg_p, copies, axis=0), seg_r], axis=1)
+    return self.language_model.shared_prompt(hp, prompt_positions, self._mask(seg_p, seg_p, 0), add, n_ds, hr,
+                                             response_positions, self._mask(seg_r, kv_seg, seg_p.shape[1]))
+
   def _mask(self, q_segment_ids, kv_segment_ids, q_offset) -> SegmentMask:
     """Causal within equal segment ids; the queries sit at key positions q_offset.."""
     return SegmentMask(q_segment_ids, kv_segment_ids, jnp.asarray(q_offset, jnp.int32), True, self.attention_block)

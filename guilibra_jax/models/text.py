@@ -38,14 +38,18 @@ class Attention(nnx.Module):
     self.qk_norm = tc.qk_norm
     self.scale = h**-0.5
 
-  def __call__(self, x, cos, sin, mask, kv_cache=None, index=None):
+  def __call__(self, x, cos, sin, mask, kv_cache=None, index=None, prefix=None):
     """x [B, T, D]; cos/sin [B, T, H]; mask: SegmentMask of T queries and S keys (or a bool
-    [B, 1, T, S]); kv_cache (k, v) [B, S, K, H] or None."""
+    [B, 1, T, S]); kv_cache (k, v) [B, S, K, H] or None; prefix (k, v) [B, Sp, K, H] or None:
+    keys / values (rotated) of a shared prompt put before this call's own (S = Sp + T)."""
     q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
     if self.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     cos, sin = cos.astype(q.dtype), sin.astype(q.dtype)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if prefix is not None:
+      k = jnp.concatenate([prefix[0].astype(k.dtype), k], axis=1)
+      v = jnp.concatenate([prefix[1].astype(v.dtype), v], axis=1)
     if kv_cache is not None:
       ck, cv = kv_cache
       k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0))
@@ -66,8 +70,8 @@ class DecoderLayer(nnx.Module):
     self.post_attention_layernorm = RMSNorm(tc.hidden_size, ("embed",), eps=tc.rms_norm_eps, dtype=dtype,
                                             param_dtype=param_dtype)
 
-  def __call__(self, x, cos, sin, mask, kv_cache=None, index=None):
-    a, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv_cache, index)
+  def __call__(self, x, cos, sin, mask, kv_cache=None, index=None, prefix=None):
+    a, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv_cache, index, prefix)
     x = x + a
     x = x + position_wise(self.mlp, self.post_attention_layernorm(x), self.mlp_chunk)
     return x, kv
@@ -150,6 +154,54 @@ class TextModel(nnx.Module):
         vs.append(kv[1])
     new_cache = (jnp.stack(ks), jnp.stack(vs)) if cache is not None else None
     return self.norm(h), new_cache
+
+
+  def shared_prompt(self, hp, positions_p, mask_p, deepstack_add, n_deepstack, hr, positions_r, mask_r):
+    """Two streams through the layers: B' prompts hp [B', Tp, D] (positions [3, B', Tp],
+    mask_p over them; deepstack added here) and c = B / B' continuations of each, hr [B, Tr, D]
+    (row p * c + j continues prompt p), whose queries attend to their prompt's keys and
+    values, repeated c times, then their own (mask_r: Tr queries at key positions Tp.. of
+    Tp + Tr keys). Each prompt's layers run once for its c rows; equal to running the rows
+    [prompt | continuation] whole. Returns (normed hp, normed hr)."""
+    tc = self.tc
+    copies = hr.shape[0] // hp.shape[0]
+    if copies * hp.shape[0] != hr.shape[0]:
+      raise ValueError(f"{hr.shape[0]} continuation rows are not a multiple of {hp.shape[0]} prompts")
+    rope = lambda pos: text_rope(pos, tc.head_dim, tc.rope_theta, tc.mrope_section, tc.mrope_interleaved)
+    (cos_p, sin_p), (cos_r, sin_r) = rope(positions_p), rope(positions_r)
+    hp, hr = S.constrain_batch(hp), S.constrain_batch(hr)
+    rep = lambda x: S.constrain_batch(jnp.repeat(x, copies, axis=0))
+
+    def both(layer, xp, xr):
+      xp, (kp, vp) = layer(xp, cos_p, sin_p, mask_p)
+      xr, _ = layer(xr, cos_r, sin_r, mask_r, prefix=(rep(kp), rep(vp)))
+      return xp, S.constrain_batch(xr)
+
+    if self.scan_layers:
+      gdef, stacked = nnx.split(self.layers)
+
+      def one_layer(layer_state, xs, i):
+        xp, xr = both(nnx.merge(gdef, layer_state), *xs)
+        if deepstack_add is not None and n_deepstack:
+          xp = jax.lax.cond(i < n_deepstack, lambda: xp + deepstack_add(jnp.minimum(i, n_deepstack - 1)),
+                            lambda: xp)
+        return S.constrain_batch(xp), xr
+
+      step = self._checkpointed(one_layer)
+      (hp, hr), _ = jax.lax.scan(lambda xs, ys: (step(ys[0], xs, ys[1]), None), (hp, hr),
+                                 (stacked, jnp.arange(tc.num_layers)))
+      return self.norm(hp), self.norm(hr)
+
+    for i in range(tc.num_layers):
+      gdef, layer_state = nnx.split(self.layers[i])
+      add = deepstack_add if (deepstack_add is not None and i < n_deepstack) else None
+
+      def one_layer(st, xs, g=gdef, add=add, i=i):
+        xp, xr = both(nnx.merge(g, st), *xs)
+        return S.constrain_batch(xp if add is None else xp + add(i)), xr
+
+      hp, hr = self._checkpointed(one_layer)(layer_state, (hp, hr))
+    return self.norm(hp), self.norm(hr)
 
 
 def init_cache(config: ModelConfig, batch: int, cache_size: int, dtype=jnp.float32) -> dict:

@@ -105,7 +105,13 @@ def placement(path, ndim: int, mesh, micro_axis: bool):
         return S.batch_sharding(mesh, ndim, batch_dim)
     if names[0] in IMAGE_KEYS or ndim <= batch_dim:
         return S.replicated(mesh)
-    return S.batch_sharding(mesh, ndim, batch_dim + (1 if names[0] == "positions" else 0))
+    return S.batch_sharding(mesh, ndim, batch_dim + (1 if is_positions(names[0]) else 0))
+
+
+def is_positions(name: str) -> bool:
+    """M-RoPE position arrays ([3, rows, T]: the row axis second): ``positions``, and the
+    shared-prompt layout's ``prompt_positions`` / ``response_positions``."""
+    return name == "positions" or name.endswith("_positions")
 
 
 def pad_slots_to_mesh(batch: dict, mesh, micro_axis: bool) -> dict:
@@ -185,7 +191,7 @@ def put_batch(batch: dict, mesh, *, micro_axis: bool = True, model_config: Any =
         if name in IMAGE_KEYS or x.ndim <= batch_dim:  # identical on every process (joined)
             return S.put_host(x, sh)
         global_shape = list(x.shape)
-        global_shape[batch_dim + (1 if name == "positions" else 0)] *= jax.process_count()
+        global_shape[batch_dim + (1 if is_positions(name) else 0)] *= jax.process_count()
         return jax.make_array_from_process_local_data(sh, x, tuple(global_shape))
 
     return jax.tree_util.tree_map_with_path(place, batch)

@@ -110,7 +110,11 @@ def from_params(name: str, graphdef, params, model_config, dtype, param_sh) -> F
 
 
 def score(f: Frozen, seq: dict, *, temperature: float, chunk: int | None, banned: tuple[int, ...]) -> jax.Array:
-    """Per-token log-probs [R, T] (global rows) of the device sequence batch ``seq``."""
+    """Per-token log-probs (global rows) of the device batch ``seq``: [R, N'] in the
+    shared-prompt layout (``rollout.shared_batch``), else [R, T] of whole sequences."""
+    if "prompt_ids" in seq:
+        return G.score_shared(f.graphdef, f.params, seq, temperature=temperature, chunk_size=chunk,
+                              banned_token_ids=banned)
     return G.score(f.graphdef, f.params, seq["input_ids"], seq["positions"], seq["segment_ids"],
                    seq["pixel_values"], seq["vision"], seq["response_mask"], temperature=temperature,
                    chunk_size=chunk, banned_token_ids=banned)

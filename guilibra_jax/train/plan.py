@@ -291,7 +291,6 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     rl, tc = config.rl, config.train
     processes = processes or jax.process_count()
     Tp, N = prompt_length(config), rl.max_new_tokens
-    T = Tp + N
     round_rows = config.data.batch_size * rl.group_size
     gen_rows = rl.get("generation_rows", 0) or round_rows    # rows per sampler call
     score_rows = rl.get("score_rows", 0) or round_rows       # rows per scoring call
@@ -305,14 +304,15 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
         resident[f"frozen_{name}"] = per_device_bytes(f.params)
     programs: dict[str, dict[str, int]] = {}
 
-    # update step
-    pv, vision = image_inputs(config, mc, micro_rows, processes)
-    i32 = np.zeros((M, micro_rows, T), np.int32)
-    f32 = np.zeros((M, micro_rows, T), np.float32)
-    host = {"input_ids": i32, "segment_ids": i32, "positions": np.zeros((M, 3, micro_rows, T), np.int32),
-            "response_mask": i32, "old_logp": f32, "ref_logp": f32,
-            "advantages": np.zeros((M, micro_rows), np.float32), "kl_mask": np.zeros((M, micro_rows), np.float32),
-            "pixel_values": _repeat(pv, M), "vision": {k: _repeat(v, M) for k, v in vision.items()}}
+    # update step (the shared-prompt layout with the copies per prompt the trainer's micro-batches allow)
+    dp = math.prod(mesh.shape[a] for a in S.BATCH_AXES)
+    row_multiple = max(1, dp // processes)
+    shared = rl_loop.shares_prompts(s)
+    local = upd_rows // processes
+    calls = [np.arange(0, local, rl.minibatches)[k * (micro_rows // processes):(k + 1) * (micro_rows // processes)]
+             for k in range(M)]
+    upd_copies = int(np.gcd.reduce([RO.run_copies(c // rl.group_size, row_multiple) for c in calls])) if shared else 1
+    host = _update_host(config, mc, micro_rows, upd_copies if shared else 0, Tp, N, M, processes)
     batch = batch_struct(mesh, host, micro_axis=True)
     st = compiled_stats(compile_program(s.update_fn.lower(abs_state, batch), (abs_state, batch)))
     st["resident_args"] = per_device_bytes(abs_state)
@@ -323,7 +323,6 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     # over gen_rows rows (KV cache of T - 1 slots)
     # rows per process: a multiple of the batch devices of one process (s.row_multiple counts
     # this planning process's, which holds every fake device)
-    dp = math.prod(mesh.shape[a] for a in S.BATCH_AXES)
     copies = (RO.prompt_copies(gen_rows // processes, rl.group_size, max(1, dp // processes))
               if rl.get("share_prefill", True) else 1)
     p_rows = gen_rows // copies
@@ -340,14 +339,13 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     compiled = compile_program(lowered, (abs_state["params"], b))
     st = compiled_stats(compiled)
     st["resident_args"] = resident["policy_params"]
-    st["kv_cache_estimate"] = kv_cache_bytes(mc, gen_rows, T - 1, config.model.dtype, mesh)
+    st["kv_cache_estimate"] = kv_cache_bytes(mc, gen_rows, Tp + N - 1, config.model.dtype, mesh)
     programs["sampler"] = st
 
     # scoring: the policy (old log-probs) and each frozen model, rl.score_rows rows per call
-    pv, vision = image_inputs(config, mc, score_rows, processes)
-    seq = {"input_ids": np.zeros((score_rows, T), np.int32), "positions": np.zeros((3, score_rows, T), np.int32),
-           "segment_ids": np.zeros((score_rows, T), np.int32), "pixel_values": pv, "vision": vision,
-           "response_mask": np.zeros((score_rows, T), np.int32)}
+    score_copies = RO.run_copies(np.arange(score_rows // processes) // rl.group_size, row_multiple) if shared else 1
+    seq = {k: jax.tree.map(lambda x: x[0], v) for k, v in _update_host(config, mc, score_rows, score_copies if shared else 0, Tp, N, 1,
+                                            processes).items() if k in SCORE_KEYS}
     b = batch_struct(mesh, seq, micro_axis=False)
     scored = [] if rl_loop.reuse_sampler_log_probs(rl) else [("policy", s.graphdef, abs_state["params"])]
     done = []   # (graphdef, params' shapes and shardings, stats): teachers of one architecture compile once
@@ -358,17 +356,50 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
             programs[f"score_{name}"] = dict(same)
             continue
         with S.mesh_context(mesh):
-            lowered = G.score.lower(gd, params, b["input_ids"], b["positions"], b["segment_ids"], b["pixel_values"],
-                                    b["vision"], b["response_mask"], temperature=float(rl.temperature),
-                                    chunk_size=s.chunk, banned_token_ids=s.banned)
+            if shared:
+                lowered = G.score_shared.lower(gd, params, b, temperature=float(rl.temperature), chunk_size=s.chunk,
+                                               banned_token_ids=s.banned)
+            else:
+                lowered = G.score.lower(gd, params, b["input_ids"], b["positions"], b["segment_ids"],
+                                        b["pixel_values"], b["vision"], b["response_mask"],
+                                        temperature=float(rl.temperature), chunk_size=s.chunk,
+                                        banned_token_ids=s.banned)
         compiled = compile_program(lowered, (params, b))
         st = compiled_stats(compiled)
         st["resident_args"] = per_device_bytes(params)
         programs[f"score_{name}"] = st
         done.append((gd, sig, st))
-    shapes = {"round_rows": round_rows, "generation_rows": gen_rows, "prompt_copies": copies, "score_rows": score_rows, "update_rows": upd_rows, "micro_rows": micro_rows, "micro_batches": M,
+    shapes = {"round_rows": round_rows, "generation_rows": gen_rows, "prompt_copies": copies, "score_rows": score_rows,
+              "score_prompt_copies": score_copies, "update_rows": upd_rows, "micro_rows": micro_rows,
+              "update_prompt_copies": upd_copies, "micro_batches": M,
               "prompt_tokens": Tp, "response_tokens": N, "patches_per_image": patches_per_image(config, mc)}
     return _report(mesh, resident, programs, device_memory_gib, {"shapes": shapes})
+
+
+SCORE_KEYS = ("input_ids", "positions", "segment_ids", "response_mask", "pixel_values", "vision", "prompt_ids",
+              "prompt_positions", "prompt_segment_ids", "response_ids", "response_positions")   # what scoring reads
+
+
+def _update_host(config, mc, rows: int, copies: int, Tp: int, N: int, M: int, processes: int) -> dict:
+    """Host-shaped (zeros) update micro-batches [M, ...] of ``rows`` rows: the shared-prompt
+    layout with ``copies`` rows per prompt (``rollout.shared_batch``; its images: one per
+    prompt), or with ``copies=0`` whole sequences of Tp + N tokens."""
+    f32 = lambda *shape: np.zeros((M,) + shape, np.float32)
+    i32 = lambda *shape: np.zeros((M,) + shape, np.int32)
+    per_row = {"advantages": f32(rows), "kl_mask": f32(rows)}
+    if copies:
+        p = rows // copies
+        pv, vision = image_inputs(config, mc, p, processes)
+        host = {"prompt_ids": i32(p, Tp), "prompt_segment_ids": i32(p, Tp), "prompt_positions": i32(3, p, Tp),
+                "response_ids": i32(rows, N), "response_mask": i32(rows, N), "response_positions": i32(3, rows, N),
+                "old_logp": f32(rows, N), "ref_logp": f32(rows, N), **per_row}
+    else:
+        pv, vision = image_inputs(config, mc, rows, processes)
+        T = Tp + N
+        host = {"input_ids": i32(rows, T), "segment_ids": i32(rows, T), "positions": i32(3, rows, T),
+                "response_mask": i32(rows, T), "old_logp": f32(rows, T), "ref_logp": f32(rows, T), **per_row}
+    host["pixel_values"], host["vision"] = _repeat(pv, M), {k: _repeat(v, M) for k, v in vision.items()}
+    return host
 
 
 def kv_cache_bytes(model_config, rows: int, slots: int, dtype: str, mesh) -> int:
@@ -471,11 +502,16 @@ def tpu_estimate(config, model_config, report: dict, topo) -> dict:
         progs["sampler"]["time_s"] += progs["sampler"]["decode_steps_s"]
         updates = rl.minibatches * rl.ppo_epochs
         step = sum(p["time_s"] for k, p in progs.items() if k != "update") + updates * progs["update"]["time_s"]
-        T = sh["prompt_tokens"] + sh["response_tokens"]
-        upd_tokens = sh["update_rows"] * T
+        Tp, N = sh["prompt_tokens"], sh["response_tokens"]
+        T = Tp + N
+        # tokens each program runs: a prompt once for the copies of it that a call holds
+        per_row = lambda copies: Tp / max(1, copies) + N   # noqa: E731
+        upd_tokens = sh["update_rows"] * per_row(sh.get("update_prompt_copies", 1))
+        n_scores = len([k for k in progs if k.startswith("score_")])
+        infer_tokens = sh["generation_rows"] * (per_row(sh.get("prompt_copies", 1))
+                                                + n_scores * per_row(sh.get("score_prompt_copies", 1)))
         model_flops = (TT.model_flops_per_token(n, t.num_layers, t.hidden_size, T) * upd_tokens * rl.ppo_epochs
-                       + TT.model_flops_per_token(n, t.num_layers, t.hidden_size, T, train=False)
-                       * sh["generation_rows"] * T * (len([k for k in progs if k.startswith("score_")]) + 1))
+                       + TT.model_flops_per_token(n, t.num_layers, t.hidden_size, T, train=False) * infer_tokens)
         what = "rl round (sampler + scoring + updates)"
     # XLA's cost analysis counts a while loop's body once (scanned layers, flash-attention
     # tiles, the decode loop), so the compiler's FLOPs undercount: the step takes at least the

@@ -311,12 +311,16 @@ def _rollout_next(s: Stage2, params, prompts, key) -> RO.Rollout:
 
 @dataclasses.dataclass
 class Scores:
-    """The update's sequences (host arrays of this process's rows) and log-probs of their
-    response tokens: old (policy) and reference / teacher, each [R, T]."""
+    """Log-probs of the update's response tokens (host arrays of this process's rows): old
+    (policy) and reference / teacher, and ``seq``: in the shared-prompt layout
+    (``rl.share_prefill``) just ``response_mask`` [R, N'], the arrays [R, N']; otherwise
+    the whole sequence batch (:func:`rollout.sequence_batch`) and the arrays [R, Tp + N']."""
 
     seq: dict
     old_logp: np.ndarray
     ref_logp: np.ndarray
+    n_slots: int = 0
+    shared: bool = False
 
 
 def reuse_sampler_log_probs(rl) -> bool:
@@ -327,6 +331,30 @@ def reuse_sampler_log_probs(rl) -> bool:
     return mode == "sampler" or (mode == "auto" and rl.top_p >= 1.0 and rl.top_k == 0)
 
 
+def shares_prompts(s: Stage2) -> bool:
+    """``rl.share_prefill``: each prompt computed once for the rows of its group that a call
+    holds, in sampling, scoring and updates (the shared-prompt layout, ``rollout.shared_batch``)."""
+    return bool(s.rl.get("share_prefill", True))
+
+
+def agreed_copies(s: Stage2, ro: RO.Rollout, calls: list[np.ndarray]) -> int:
+    """Rows per prompt every process can use for each of ``calls`` (row index arrays of
+    equal length, batched alike): the gcd over calls and processes of
+    :func:`rollout.shared_copies` (a divisor of a valid count is valid)."""
+    c = int(np.gcd.reduce([RO.shared_copies(ro, rows, s.row_multiple) for rows in calls]))
+    return int(np.gcd.reduce(MH.gather_counts(c))) if jax.process_count() > 1 else c
+
+
+def model_batch(s: Stage2, ro: RO.Rollout, rows: np.ndarray, model_config, n_slots: int, copies: int = 0) -> dict:
+    """Host model inputs of rollout rows ``rows``: the shared-prompt layout with ``copies``
+    rows per prompt (:func:`agreed_copies` when 0), or without ``rl.share_prefill`` the
+    whole sequences."""
+    if not shares_prompts(s):
+        return RO.sequence_batch(ro, rows, model_config, s.patch_bucket, s.pad_id, n_slots)
+    copies = copies or agreed_copies(s, ro, [rows])
+    return RO.shared_batch(ro, rows, model_config, s.patch_bucket, s.pad_id, n_slots, copies)
+
+
 def score(s: Stage2, params, ro: RO.Rollout) -> Scores:
     """Old-policy log-probs and the frozen models' log-probs of the sampled tokens: GRPO's
     reference on every row; MOPD's teachers, each on its own platform's rows only."""
@@ -334,7 +362,13 @@ def score(s: Stage2, params, ro: RO.Rollout) -> Scores:
     longest = MH.agree_max(int(ro.lengths.max()) if ro.rows else 1)
     n_slots = next(b for b in RO.response_buckets(ro.tokens.shape[1]) if b >= longest)
     all_rows = np.arange(ro.rows)
-    seq_host = RO.sequence_batch(ro, all_rows, s.model_config, s.patch_bucket, s.pad_id, n_slots)
+    shared = shares_prompts(s)
+    Tp = ro.prompt_ids.shape[1]
+    if shared:
+        on = (np.arange(n_slots)[None] < ro.lengths[:, None]) & ro.valid[:, None]
+        seq_host = {"response_mask": on.astype(np.int32)}
+    else:
+        seq_host = RO.sequence_batch(ro, all_rows, s.model_config, s.patch_bucket, s.pad_id, n_slots)
     kw = dict(temperature=s.rl.temperature, chunk=s.chunk, banned=s.banned)
     size = local_chunk(s, s.rl.get("score_rows", 0))
 
@@ -343,8 +377,7 @@ def score(s: Stage2, params, ro: RO.Rollout) -> Scores:
         # rl.score_rows rows over all processes per call)
         out = []
         for part in row_chunks(len(rows), size):
-            fseq = device_inputs(s, RO.sequence_batch(ro, rows[part], f.model_config, s.patch_bucket, s.pad_id,
-                                                      n_slots))
+            fseq = device_inputs(s, model_batch(s, ro, rows[part], f.model_config, n_slots))
             with S.mesh_context(s.mesh):
                 logp = FZ.score(f, fseq, **kw)
             out.append(MH.local_rows(logp, s.mesh))
@@ -352,6 +385,8 @@ def score(s: Stage2, params, ro: RO.Rollout) -> Scores:
 
     if reuse_sampler_log_probs(s.rl):   # the sampler scored the same policy's distribution
         old_logp = RO.sampler_log_probs(ro, n_slots)
+        if shared:
+            old_logp = RO.to_response_columns(old_logp, Tp, n_slots)
     else:
         old_logp = score_rows(FZ.Frozen("policy", s.graphdef, params, s.model_config), all_rows)
 
@@ -360,7 +395,7 @@ def score(s: Stage2, params, ro: RO.Rollout) -> Scores:
     else:
         ref_logp = FZ.score_by_platform(ro.platform, ro.valid, s.frozen, score_rows, s.row_multiple,
                                         np.zeros_like(old_logp))
-    return Scores(seq_host, old_logp, ref_logp.astype(np.float32))
+    return Scores(seq_host, old_logp, ref_logp.astype(np.float32), n_slots, shared)
 
 
 def update(s: Stage2, state: dict, ro: RO.Rollout, adv: dict, scores: Scores) -> tuple[dict, dict, list[bool]]:
@@ -368,6 +403,8 @@ def update(s: Stage2, state: dict, ro: RO.Rollout, adv: dict, scores: Scores) ->
     the last update, whether each update was applied (finite))."""
     rl, accum = s.rl, s.config.train.grad_accum
     kl_mode = ADV.kl_mask_mode(rl) if s.method == "mopd" else "off"
+    if scores.shared:
+        ro = RO.pad_prompts(ro, MH.agree_max(ro.prompt_ids.shape[1]))
     host = dict(scores.seq, old_logp=scores.old_logp, ref_logp=scores.ref_logp, advantages=adv["advantages"],
                 kl_mask=adv["kl_mask"])
     # Minibatch m takes the rows r with r % minibatches == m (each minibatch holds responses of
@@ -383,16 +420,23 @@ def update(s: Stage2, state: dict, ro: RO.Rollout, adv: dict, scores: Scores) ->
             if kl_mode == "release":
                 totals = MH.gather_rows(ADV.kl_totals(adv["kl_mask"][idx], token_counts[idx])[None]).sum(0)
             weights = ADV.kl_weights(adv["kl_mask"], kl_mode, totals)
-            micros = [_update_rows(s, dict(host, kl_mask=weights), ro, idx[k * micro_rows:(k + 1) * micro_rows])
-                      for k in range(accum)]
+            calls = [idx[k * micro_rows:(k + 1) * micro_rows] for k in range(accum)]
+            copies = agreed_copies(s, ro, calls) if scores.shared else 0
+            micros = [_update_rows(s, dict(host, kl_mask=weights), ro, rows, scores, copies) for rows in calls]
             state, metrics = s.update_fn(state, device_inputs(s, stack_micro_batches(micros), micro_axis=True))
             applied.append(metrics["update_ok"])
     metrics = jax.device_get(metrics)
     return state, metrics, [bool(x) for x in jax.device_get(applied)]
 
 
-def _update_rows(s: Stage2, host: dict, ro: RO.Rollout, idx: np.ndarray) -> dict:
-    """The update arrays of rows ``idx`` (their images regathered)."""
+def _update_rows(s: Stage2, host: dict, ro: RO.Rollout, idx: np.ndarray, scores: Scores, copies: int) -> dict:
+    """The update arrays of rows ``idx``: per-row arrays sliced, model inputs rebuilt (the
+    shared-prompt layout with ``copies`` rows per prompt) or sliced (whole sequences, their
+    images regathered)."""
+    if scores.shared:
+        out = {k: host[k][idx] for k in ("old_logp", "ref_logp", "advantages", "kl_mask")}
+        out.update(RO.shared_batch(ro, idx, s.model_config, s.patch_bucket, s.pad_id, scores.n_slots, copies))
+        return out
     out = {k: (v[:, idx] if k == "positions" else v[idx]) for k, v in host.items()
            if k not in ("pixel_values", "vision")}
     dim = next((p.shape[1] for p in ro.pixels if p is not None), 0)

@@ -1,7 +1,7 @@
 """The stage-2 policy update (GRPO and MOPD): a pure function (state, batch) -> (state, metrics).
 
-``batch`` is a rollout minibatch (:func:`rollout.update_batch`) whose leaves carry a
-leading micro-batch axis [M, ...]:
+``batch`` is a rollout minibatch (``rl_loop.update``) whose leaves carry a leading
+micro-batch axis [M, ...], in one of two layouts: whole sequences
 
     input_ids, segment_ids [B, T], positions [3, B, T], pixel_values, vision
     response_mask [B, T]   1 where the *next* token is a sampled response token
@@ -10,6 +10,10 @@ leading micro-batch axis [M, ...]:
                            platform teacher (routed per sequence before the batch is built)
     advantages [B]         per sequence (after SNGS / the pass-rate floor)
     kl_mask [B]            MOPD's μ_g per sequence (1 for GRPO)
+
+or the shared-prompt layout (``rollout.shared_batch``: each prompt once for its rows, the
+model inputs and the [B, T] arrays above as response columns [B, N'], scored by
+:func:`generate.shared_token_logprobs`).
 
 The current policy's log-probs are recomputed under the sampling temperature with
 :func:`generate.token_logprobs`, so on the first PPO epoch ρ = 1 exactly. Losses are
@@ -51,10 +55,15 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, lo
 
     def micro_terms(params, micro):
         model = nnx.merge(graphdef, params)
-        logp, valid, entropy = G.token_logprobs(
-            model, micro["input_ids"], micro["positions"], micro["segment_ids"], micro.get("pixel_values"),
-            micro.get("vision"), micro["response_mask"], temperature=temperature, chunk_size=chunk_size,
-            with_entropy=True, banned_token_ids=banned_token_ids)
+        if "prompt_ids" in micro:   # the shared-prompt layout: [B, N'] response columns
+            logp, valid, entropy = G.shared_token_logprobs(
+                model, micro, temperature=temperature, chunk_size=chunk_size, with_entropy=True,
+                banned_token_ids=banned_token_ids)
+        else:
+            logp, valid, entropy = G.token_logprobs(
+                model, micro["input_ids"], micro["positions"], micro["segment_ids"], micro.get("pixel_values"),
+                micro.get("vision"), micro["response_mask"], temperature=temperature, chunk_size=chunk_size,
+                with_entropy=True, banned_token_ids=banned_token_ids)
         mask = valid.astype(jnp.float32)
         if loss == "grpo":
             num, den = losses.grpo_loss_terms(logp, micro["old_logp"], micro["ref_logp"], micro["advantages"],

@@ -210,6 +210,66 @@ def sequence_batch(ro: Rollout, rows: Sequence[int], model_config: Any, patch_bu
             "response_mask": response_mask.astype(np.int32), "pixel_values": pv, "vision": vision}
 
 
+def run_copies(keys: np.ndarray, row_multiple: int = 1) -> int:
+    """The largest c such that the n rows of ``keys`` ([n, ...]) split into consecutive runs
+    of c equal rows and n / c is a multiple of ``row_multiple``; 1 at worst."""
+    keys = np.asarray(keys).reshape(len(keys), -1)
+    n = len(keys)
+    for c in range(n, 1, -1):
+        if n % c == 0 and (n // c) % row_multiple == 0:
+            runs = keys.reshape(n // c, c, -1)
+            if (runs == runs[:, :1]).all():
+                return c
+    return 1
+
+
+def shared_copies(ro: Rollout, rows: Sequence[int], row_multiple: int = 1) -> int:
+    """Rows per prompt of a scoring / update call over rollout rows ``rows`` in the shared
+    layout (:func:`shared_batch`): the largest c such that ``rows`` split into consecutive
+    runs of c rows with one prompt (rows of one group, their prompts equal) and the
+    len(rows) / c prompts are a multiple of ``row_multiple`` (the rows every global batch of
+    a process must be a multiple of). 1 at worst: every row its own prompt. Divisors of a
+    valid c are valid too (processes agree on the gcd of theirs)."""
+    rows = np.asarray(rows, np.int64)
+    return run_copies(np.concatenate([(rows // ro.group_size)[:, None], ro.prompt_ids[rows]], axis=1), row_multiple)
+
+
+def shared_batch(ro: Rollout, rows: Sequence[int], model_config: Any, patch_bucket: int, pad_id: int,
+                 n_slots: int, copies: int) -> dict:
+    """The rows' prompts and responses in the shared-prompt layout (each prompt once for its
+    ``copies`` consecutive rows, :func:`shared_copies`): prompt_ids, prompt_segment_ids [P, Tp],
+    prompt_positions [3, P, Tp], pixel_values / vision of the P prompts' images;
+    response_ids, response_mask [R, N'] (1 on the response tokens to score; also the response
+    stream's segment ids), response_positions [3, R, N'] (R = P x copies, N' = ``n_slots``).
+    Response token j of row r is scored at column j (:func:`generate.shared_token_logprobs`):
+    the same tokens, positions and attention as :func:`sequence_batch`'s row, whose column
+    Tp - 1 + j scores it."""
+    if ro.tokens is None:
+        raise ValueError("rollout has no responses yet")
+    rows = np.asarray(rows, np.int64)
+    if len(rows) % copies:
+        raise ValueError(f"{len(rows)} rows do not split into prompts of {copies} copies")
+    first_rows = rows[::copies]
+    tok = ro.tokens[rows, :n_slots]
+    on = (np.arange(n_slots)[None] < ro.lengths[rows, None]) & ro.valid[rows, None]
+    pmask = ro.prompt_mask[first_rows] > 0
+    resp_pos = (pmask.sum(1) + ro.rope_deltas[first_rows]).repeat(copies)[:, None] + np.arange(n_slots)[None]
+    dim = next((p.shape[1] for p in ro.pixels if p is not None), 0)
+    pv, vision = vision_arrays([ro.grids[r] for r in first_rows], [ro.pixels[r] for r in first_rows], model_config,
+                               patch_bucket, dim)
+    return {"prompt_ids": np.where(pmask, ro.prompt_ids[first_rows], pad_id).astype(np.int32),
+            "prompt_segment_ids": pmask.astype(np.int32),
+            "prompt_positions": ro.positions[:, first_rows].astype(np.int32),
+            "response_ids": np.where(on, tok, pad_id).astype(np.int32), "response_mask": on.astype(np.int32),
+            "response_positions": np.broadcast_to(resp_pos, (3,) + resp_pos.shape).astype(np.int32),
+            "pixel_values": pv, "vision": vision}
+
+
+def to_response_columns(x: np.ndarray, prompt_slots: int, n_slots: int) -> np.ndarray:
+    """[R, Tp + N'] in :func:`sequence_batch`'s alignment -> [R, N'] in :func:`shared_batch`'s."""
+    return np.asarray(x)[:, prompt_slots - 1:prompt_slots - 1 + n_slots]
+
+
 def sampler_log_probs(ro: Rollout, n_slots: int) -> np.ndarray:
     """The sampler's log-probs of the responses in :func:`sequence_batch`'s layout [R, Tp +
     n_slots] (column t scores token t + 1; 0 off the responses), so they can stand in for a

@@ -344,23 +344,26 @@ def _stage(generation_rows=0, score_rows=0, old_logprobs="recompute", share_pref
     return s, params
 
 
-def test_rollout_and_scoring_in_row_chunks():
+@pytest.mark.parametrize("share", [True, False], ids=["shared_prompts", "whole_rows"])
+def test_rollout_and_scoring_in_row_chunks(share):
     """rl.generation_rows / rl.score_rows: a round sampled 2 rows per call still pairs each
     row's tokens with its own log-probs (they equal a rescoring of that row), and scoring in
-    calls of 2 rows gives the one-call log-probs."""
+    calls of 2 rows gives the one-call log-probs (in both scoring layouts, rl.share_prefill)."""
     cfg = tiny()[0]
     s, params = _stage(generation_rows=2)
     ro = rl_loop.rollout(s, params, rl_batch(cfg), jax.random.PRNGKey(3))
     assert ro.rows == 3 * GROUP and ro.tokens.shape == (ro.rows, 5)
-    whole = rl_loop.score(_stage()[0], params, ro)
-    chunked = rl_loop.score(_stage(score_rows=2)[0], params, ro)
+    whole = rl_loop.score(_stage(share_prefill=share)[0], params, ro)
+    chunked = rl_loop.score(_stage(score_rows=2, share_prefill=share)[0], params, ro)
     np.testing.assert_allclose(chunked.old_logp, whole.old_logp, atol=1e-5)   # other batch shapes: float noise
     np.testing.assert_allclose(chunked.ref_logp, whole.ref_logp, atol=1e-5)
     assert np.abs(whole.ref_logp - whole.old_logp).max() > 1e-3          # the reference is another model
-    n_slots = whole.old_logp.shape[1] - ro.prompt_ids.shape[1]
-    np.testing.assert_allclose(RO.sampler_log_probs(ro, n_slots), whole.old_logp, atol=2e-5)
-    reused = rl_loop.score(_stage(old_logprobs="auto")[0], params, ro)   # top_p 1: the sampler's own
-    np.testing.assert_array_equal(reused.old_logp, RO.sampler_log_probs(ro, n_slots))
+    sampler = RO.sampler_log_probs(ro, whole.n_slots)
+    if share:
+        sampler = RO.to_response_columns(sampler, ro.prompt_ids.shape[1], whole.n_slots)
+    np.testing.assert_allclose(sampler, whole.old_logp, atol=2e-5)
+    reused = rl_loop.score(_stage(old_logprobs="auto", share_prefill=share)[0], params, ro)   # top_p 1: the sampler's
+    np.testing.assert_array_equal(reused.old_logp, sampler)
 
 
 @pytest.mark.parametrize("generation_rows", [0, 8])
