@@ -21,6 +21,11 @@ Timing: a call starts from the list of prompts (token ids, image grids, pixel ro
   then computes positions and vision metadata inside generate. Round 0 runs each side once (JAX
   compiles; reported apart); then ``--iters`` rounds run each side once in an order that rotates,
   so that a change in the machine's load hits all sides, and each side reports its median.
+Shared prefill: "jax_shared" (with --group > 1) is the call the RL sampler makes (rl.share_prefill):
+  one row per distinct prompt and generate(copies=G), so the vision tower and the prefill run once
+  per prompt and its KV cache is repeated for its G rows (transformers' generate, with 64 rows or
+  with num_return_sequences=G, prefills every row). Reported beside the like-for-like "jax" side,
+  with whether its tokens equal the "jax" side's.
 Decode: "jax_prefill" is the same call with max_new_tokens=1 (prefill + first token), timed in the
   same rounds; decode time = generate - prefill. FLOPs (forward, 2 per parameter per token):
   prefill = 2 * decoder body params * rows * T + 4 * layers * heads * head_dim * T^2 * rows
@@ -128,9 +133,13 @@ def left_pad(prompts: list, length: int, pad_id: int = 0):
     return ids, mask, grids, np.concatenate([p for _, _, p in prompts])
 
 
-def jax_sampler(graphdef, params, prompts, cfg, prompt_len, mesh, config: G.SamplingConfig):
+def jax_sampler(graphdef, params, prompts, cfg, prompt_len, mesh, config: G.SamplingConfig, copies: int = 1):
     """A call that prepares the prompts (M-RoPE positions, vision metadata: prepare_prompts), places
-    them, runs one generate and returns (tokens [B, N], generated count, host preparation seconds)."""
+    them, runs one generate and returns (tokens [B, N], generated count, host preparation seconds).
+    ``copies`` > 1: ``prompts`` holds runs of ``copies`` equal prompts (group-major); the call passes
+    one of each and ``generate(copies=...)`` prefills it once for its rows (as rl.share_prefill)."""
+    if copies > 1:
+        prompts = prompts[::copies]
     rows_n = len(prompts)
     batch_axis = mesh.shape["data"] * mesh.shape["fsdp"]
     split = rows_n % batch_axis == 0
@@ -145,7 +154,8 @@ def jax_sampler(graphdef, params, prompts, cfg, prompt_len, mesh, config: G.Samp
                   jax.device_put(p["positions"], pos_sh), jax.device_put(p["rope_deltas"], S.replicated(mesh)),
                   *jax.device_put([p["pixel_values"], p["vision"]], S.replicated(mesh))]
         prep = time.perf_counter() - t0
-        out = jax.block_until_ready(G.generate(graphdef, params, *inputs, jax.random.key(next(calls)), config))
+        out = jax.block_until_ready(G.generate(graphdef, params, *inputs, jax.random.key(next(calls)), config,
+                                               copies=copies))
         return np.asarray(out.tokens), int(np.asarray(out.lengths).sum()), prep
 
     return run
@@ -254,6 +264,9 @@ def main(argv=None) -> dict:
     prefill_only = dataclasses.replace(config, max_new_tokens=1)
     samplers = {"jax": jax_sampler(graphdef, params, prompts, cfg, args.prompt_len, mesh, config),
                 "jax_prefill": jax_sampler(graphdef, params, prompts, cfg, args.prompt_len, mesh, prefill_only)}
+    if args.group > 1:   # what the RL sampler runs: each prompt prefilled once for its G rows
+        samplers["jax_shared"] = jax_sampler(graphdef, params, prompts, cfg, args.prompt_len, mesh, config,
+                                             copies=args.group)
     attn = {}
     if args.torch:
         import torch
@@ -312,6 +325,13 @@ def main(argv=None) -> dict:
         "machine_flops_per_byte": round(peak / bandwidth, 2),
         "decode_bound": "compute" if intensity > peak / bandwidth else "memory (weights re-read every token)",
     }
+    if "jax_shared" in step_s:
+        row.update({"jax_shared_generate_s": round(step_s["jax_shared"], 4),
+                    "jax_shared_host_prep_s": round(float(np.median(preps["jax_shared"])), 5),
+                    "jax_shared_tokens_per_s": round(result["jax_shared"][1] / step_s["jax_shared"], 1),
+                    "jax_shared_calls_s": [round(t, 3) for t in times["jax_shared"]],
+                    "jax_shared_over_jax": round(step_s["jax"] / step_s["jax_shared"], 3),
+                    "jax_shared_identical_tokens": bool(np.array_equal(result["jax_shared"][0], result["jax"][0]))})
     if args.torch:
         import torch
 
@@ -320,6 +340,9 @@ def main(argv=None) -> dict:
         for n in names:
             if not n.startswith("torch"):
                 continue
+            if "jax_shared" in step_s:
+                row[f"jax_shared_over_{n}_tokens_per_s"] = round(step_s[n] / step_s["jax_shared"]
+                                                                 * result["jax_shared"][1] / result[n][1], 3)
             row.update({f"{n}_first_call_s": round(first[n], 3), f"{n}_generate_s": round(step_s[n], 4),
                         f"{n}_host_prep_s": round(float(np.median(preps[n])), 5),
                         f"{n}_tokens_per_s": round(result[n][1] / step_s[n], 1),

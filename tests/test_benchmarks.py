@@ -54,6 +54,7 @@ def test_sampler_benchmark_agrees_with_generate_and_writes_results(tmp_path):
     assert res["jax_host_prep_s"] > 0 and res["torch_eager_host_prep_s"] > 0
     assert res["attn_implementation"] == {"torch_eager": "sdpa"}
     assert res["decode_flops"] > 0 and res["decode_bound"]
+    assert res["jax_shared_identical_tokens"] and res["jax_shared_tokens_per_s"] > 0   # prefill once per prompt
 
 
 def test_rl_step_benchmark_compares_shared_prompts_and_writes_results(tmp_path):
