@@ -322,12 +322,27 @@ def serve(conn, side: str, args, config, raw, export_dir):
         else:
             obj = TorchSide(args, config, raw, export_dir, compile_=side == "torch_compile")
         conn.send(("ready", None))
+        # process CPU seconds (all threads) inside this side's steps and between them, after its
+        # first step: CPU burnt while the other sides run (threads spinning idle) slows them
+        cpu = {"in_steps": 0.0, "between_steps": 0.0, "between_wall": 0.0}
+        last = None
         while True:
             cmd = conn.recv()
             if cmd == "step":
-                conn.send(("ok", obj.step()))
+                c0, w0 = time.process_time(), time.perf_counter()
+                if last is not None:
+                    cpu["between_steps"] += c0 - last[0]
+                    cpu["between_wall"] += w0 - last[1]
+                out = obj.step()
+                c1 = time.process_time()
+                if last is not None:
+                    cpu["in_steps"] += c1 - c0
+                last = (c1, time.perf_counter())
+                conn.send(("ok", out))
             else:
-                conn.send(("ok", obj.summary()))
+                summary = obj.summary()
+                summary["process_cpu_s"] = {k: round(v, 3) for k, v in cpu.items()}
+                conn.send(("ok", summary))
                 return
     except BaseException as e:  # noqa: BLE001 - reported to the driver, which raises
         import traceback
