@@ -38,7 +38,10 @@ Remaining departures from the release, and why:
     python -m launch.train --config=configs/guilibra_grpo.py:qwen3_vl_8b --workdir=DIR \\
         --config.model.hf_path=/ckpt/guilibra-sft-8b --config.data.train_files='/data/rl/*.parquet'
 
-Hardware: 1 x 8 H100 80GB (one host), every size; see ``python -m launch.plan``.
+Hardware: 1 x 8 H100 80GB (one host), every size; see ``python -m launch.plan``. Update
+micro-batches of 32 rows (4 responses of one group per GPU: the prompt once for them, in the
+shared-prompt layout); planned peaks 40.9 (3B), 56.9 (7B), 41.3 (Qwen3-VL 4B), 56.2 (8B) GiB per
+GPU of 72 usable (benchmarks/results/plan-guilibra_grpo-<size>-1x8-cpu.json).
 TPU variants, the same batch geometry, one row per chip per update micro-batch:
 ``qwen2_5_vl_7b_v5p`` on a TPU v5p-16 (2x2x2, 8 chips) (2 TPU VMs, mesh fsdp 8): the TPU compiler
 plans it at 58.2 GiB per chip of 85.5 (benchmarks/results/tpu-plan-guilibra_grpo-qwen2_5_vl_7b_v5p.json;
@@ -113,7 +116,10 @@ def get_config(arg="qwen2_5_vl_3b"):
     c.hardware = hardware(*H100_1x8)
     c.mesh.fsdp = fsdp
     c.mesh.tensor = tensor
-    c.train.grad_accum = 128      # 8-row micro-batches (one per GPU) of each 1,024-rollout update
+    # 32-row micro-batches of each 1,024-rollout update: per GPU 4 responses of one group, whose
+    # prompt the shared-prompt layout computes once for them (launch.plan: update work 2.7x less
+    # than one row per GPU and 128 micro-batches, 56.9 GiB peak at 7B)
+    c.train.grad_accum = 32
     c.train.steps = 312           # 2 epochs of a 40K-step subset at 256 prompts per step
     c.train.log_every = 1
     c.train.checkpoint_every = 50
