@@ -39,7 +39,7 @@ keeps a float32 copy of the bfloat16 residual stream (20 GiB here) that a GPU do
 Hardware: 8 x 8 H100 80GB (the release: 1 x 8 with host offload).
 
 TPU variant (``desktop_v5p`` / ``mobile_v5p``; ``launch.plan`` compiles it with the TPU compiler,
-libtpu needed): a TPU v5p-64 (2x4x4, 32 chips on 8 TPU VMs), FSDP over 16 groups x tensor
+libtpu needed): a TPU v5p-64 (2x4x4, 32 chips) (8 TPU VMs), FSDP over 16 groups x tensor
 parallel 2 within a VM, one 16,384-token row per FSDP group and 2 micro-batches (the same 32
 rows per step): the TPU compiler plans 57.2 GiB per chip of 85.5 usable
 (``benchmarks/results/tpu-plan-mopd_teacher_sft-qwen3_vl_32b_v5p_2x4x4.json``). The next smaller
