@@ -60,7 +60,10 @@ def test_mopd_release(layout, tmp_path):
     assert c.rl.mopd.kl_mask == "off"                                      # mask off, as run_mopd.sh
     assert c.rl.group_filter.enabled and c.rl.group_filter.max_rounds == 0  # filter_groups, no round limit
     assert (c.data.batch_size, c.rl.update_groups * c.rl.group_size) == (384, 1024) and c.data.max_length == 8192
-    assert c.train.grad_accum * c.mesh.fsdp == 1024   # one row per FSDP group per update micro-batch
+    if layout == "8x8":   # per FSDP group one group's 8 responses (their prompt computed once)
+        assert c.train.grad_accum * c.mesh.fsdp * c.rl.group_size == 1024 and c.rl.score_rows == 128
+    else:                 # one row per FSDP group per update micro-batch
+        assert c.train.grad_accum * c.mesh.fsdp == 1024
 
 
 def test_mopd_on_one_host_is_refused_naming_what_fits():
