@@ -155,7 +155,6 @@ class TextModel(nnx.Module):
     new_cache = (jnp.stack(ks), jnp.stack(vs)) if cache is not None else None
     return self.norm(h), new_cache
 
-
   def shared_prompt(self, hp, positions_p, mask_p, deepstack_add, n_deepstack, hr, positions_r, mask_r):
     """Two streams through the layers: B' prompts hp [B', Tp, D] (positions [3, B', Tp],
     mask_p over them; deepstack added here) and c = B / B' continuations of each, hr [B, Tr, D]

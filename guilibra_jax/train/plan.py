@@ -308,9 +308,7 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     dp = math.prod(mesh.shape[a] for a in S.BATCH_AXES)
     row_multiple = max(1, dp // processes)
     shared = rl_loop.shares_prompts(s)
-    local = upd_rows // processes
-    calls = [np.arange(0, local, rl.minibatches)[k * (micro_rows // processes):(k + 1) * (micro_rows // processes)]
-             for k in range(M)]
+    _, calls = rl_loop.update_calls(upd_rows // processes, rl.minibatches, M)   # this process's, as update() cuts them
     upd_copies = int(np.gcd.reduce([RO.run_copies(c // rl.group_size, row_multiple) for c in calls])) if shared else 1
     host = _update_host(config, mc, micro_rows, upd_copies if shared else 0, Tp, N, M, processes)
     batch = batch_struct(mesh, host, micro_axis=True)

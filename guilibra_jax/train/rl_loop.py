@@ -398,6 +398,15 @@ def score(s: Stage2, params, ro: RO.Rollout) -> Scores:
     return Scores(seq_host, old_logp, ref_logp.astype(np.float32), n_slots, shared)
 
 
+def update_calls(rows: int, minibatches: int, accum: int, m: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(rows of minibatch m, their ``accum`` micro-batches) of a process's ``rows`` rollout rows:
+    minibatch m takes the rows r with r % minibatches == m (each holds responses of every
+    group: the same global minibatches whatever the process count), cut into equal runs."""
+    idx = np.arange(m, rows, minibatches)
+    micro = rows // minibatches // accum
+    return idx, [idx[k * micro:(k + 1) * micro] for k in range(accum)]
+
+
 def update(s: Stage2, state: dict, ro: RO.Rollout, adv: dict, scores: Scores) -> tuple[dict, dict, list[bool]]:
     """ppo_epochs x minibatches optimizer updates on the rollout; returns (state, metrics of
     the last update, whether each update was applied (finite))."""
@@ -407,20 +416,15 @@ def update(s: Stage2, state: dict, ro: RO.Rollout, adv: dict, scores: Scores) ->
         ro = RO.pad_prompts(ro, MH.agree_max(ro.prompt_ids.shape[1]))
     host = dict(scores.seq, old_logp=scores.old_logp, ref_logp=scores.ref_logp, advantages=adv["advantages"],
                 kl_mask=adv["kl_mask"])
-    # Minibatch m takes the rows r with r % minibatches == m (each minibatch holds responses of
-    # every group): the same global minibatches whatever the process count.
-    mb_rows = ro.rows // rl.minibatches
-    micro_rows = mb_rows // accum
     token_counts = scores.seq["response_mask"].sum(1)
     metrics, applied = {}, []
     for _ in range(rl.ppo_epochs):
         for m in range(rl.minibatches):
-            idx = np.arange(m, ro.rows, rl.minibatches)
+            idx, calls = update_calls(ro.rows, rl.minibatches, accum, m)
             totals = None
             if kl_mode == "release":
                 totals = MH.gather_rows(ADV.kl_totals(adv["kl_mask"][idx], token_counts[idx])[None]).sum(0)
             weights = ADV.kl_weights(adv["kl_mask"], kl_mode, totals)
-            calls = [idx[k * micro_rows:(k + 1) * micro_rows] for k in range(accum)]
             copies = agreed_copies(s, ro, calls) if scores.shared else 0
             micros = [_update_rows(s, dict(host, kl_mask=weights), ro, rows, scores, copies) for rows in calls]
             state, metrics = s.update_fn(state, device_inputs(s, stack_micro_batches(micros), micro_axis=True))
