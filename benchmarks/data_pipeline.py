@@ -533,7 +533,7 @@ def run(path, tok, model_config, workers: int, batch_size: int, max_pixels: int 
     cfg = dict(inputs=path, format="native", batch_size=batch_size, mix="both", num_workers=workers,
                max_pixels=max_pixels, seq_buckets=(2048, 4096, 8192), max_length=8192, patch_bucket=4096,
                seed=0, num_epochs=1)
-    t0 = time.perf_counter()
+    t0, c_open = time.perf_counter(), time.process_time()
     it = PL.make_sft_loader(cfg, tok, model_config, shard_index=0, shard_count=1)
     first, n, batches = None, 0, 0
     for b in it:
@@ -541,13 +541,14 @@ def run(path, tok, model_config, workers: int, batch_size: int, max_pixels: int 
             first = time.perf_counter()
         n += b["num_samples"]
         batches += 1
-    end = time.perf_counter()
+    end, c_end = time.perf_counter(), time.process_time()
     it.close()
     steady = (n - batch_size) / (end - first) if batches > 1 else float("nan")
     return {"workers": workers, "samples": n, "batches": batches, "seconds": round(end - t0, 2),
             "samples_per_s": round(n / (end - t0), 2),
             # 0 workers: the whole pipeline's CPU time per sample (all threads; little affected by load)
-            "cpu_ms_per_sample": round((c_end - c_open) / max(n, 1) * 1e3, 1) if not spec["workers"] else None, "steady_samples_per_s": round(steady, 2),
+            "cpu_ms_per_sample": round((c_end - c_open) / max(n, 1) * 1e3, 1) if not workers else None,
+            "steady_samples_per_s": round(steady, 2),
             "first_batch_s": round(first - t0, 2)}
 
 

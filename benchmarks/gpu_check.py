@@ -146,7 +146,7 @@ def step_memory(a, layers: int) -> int:
     from guilibra_jax.models.vision import device_vision_inputs
     from guilibra_jax.train.batching import stack_micro_batches
     from guilibra_jax.train.optimizer import make_optimizer
-    from guilibra_jax.train.sft_step import make_sft_step
+    from guilibra_jax.train.sft.step import make_sft_step
     from guilibra_jax.train.step_core import init_state
 
     nnx.use_eager_sharding(False)

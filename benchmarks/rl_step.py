@@ -1,7 +1,7 @@
-"""Where an RL step's time goes: a short GRPO job (guilibra_jax.train.rl_loop.train_rl, in process,
+"""Where an RL step's time goes: a short GRPO job (guilibra_jax.train.run.train, in process,
 on a temp workdir) on the bundled synthetic world, split into sampling / scoring / update.
 
-Each metrics row of train_rl carries sample_s (prompt batch, generate, decode, rewards,
+Each metrics row of a stage-2 run carries sample_s (prompt batch, generate, decode, rewards,
 advantages), score_s (old-policy and reference / teacher log-probs), update_s (ppo_epochs x
 minibatches optimizer updates) and step_s. The first step compiles everything and is reported
 apart (first_step_s); the means and fractions are over the later steps. rollout_tokens_per_s =
@@ -16,7 +16,7 @@ Sizes (model.tiny.*; the vocabulary is the synthetic world's tokenizer, data.syn
              synthetic 1k vocabulary instead of Qwen's 152k it has ~30M parameters, not ~113M.
 
 Shared prompts (``shared_prompts`` in the JSON; --share_rounds, 0 = off): after the run, whole
-GRPO steps (rl_loop's rollout, reward, advantages, score, update) with each prompt computed once
+GRPO steps (the phases' rollout, reward, advantages, score, update) with each prompt computed once
 for its group's rows (rl.share_prefill=True: the sampler's prefill shared by the G rows, scoring
 and updates in the shared-prompt layout: the vision tower and the prompt's layers once per prompt
 and call, the LM head at response positions only) and without (every row its own prompt), the two
@@ -128,27 +128,30 @@ def summarize(rows: list[dict], config) -> dict:
 
 
 def compare_sharing(config, workdir: str, rounds: int) -> dict:
-    """GRPO steps (rollout + reward + advantages, scoring, update: rl_loop's phases, as
-    train_rl runs them) with each prompt computed once per group (rl.share_prefill=True: the
+    """GRPO steps (rollout + reward + advantages, scoring, update: the stage-2 phases, as
+    the RL trainer runs them) with each prompt computed once per group (rl.share_prefill=True: the
     sampler's prefill, and the scoring and update passes in the shared-prompt layout) and
     without (every row its own prompt everywhere), the two sides interleaved round by round
     (which goes first alternates) on the same prompt batches and sampling keys, each side
     updating its own copy of one initial state; round 0 (compiling) untimed."""
     from guilibra_jax.data.pipeline import make_rl_loader
-    from guilibra_jax.train import advantages as ADV
-    from guilibra_jax.train import data_source, rl_loop
+    from guilibra_jax.train.rl import advantages as ADV
+    from guilibra_jax.train import data_source
+    from guilibra_jax.train.rl import phases as PH
+    from guilibra_jax.train.rl import setup as RS
+    from guilibra_jax.train.rl.trainer import Prompts
     from guilibra_jax.train import multihost as MH
 
     mesh = MH.run_mesh(config)
     tokenizer = data_source.prepare_tokenizer(config, workdir)
-    shared, state, _ = rl_loop.setup(config, mesh, tokenizer)
+    shared, state, _ = RS.setup(config, mesh, tokenizer)
     plain_config = config.copy_and_resolve_references()
     plain_config.rl.share_prefill = False
     sides = {"shared": shared, "unshared": dataclasses.replace(shared, config=plain_config)}
     states = {"shared": state, "unshared": jax.tree.map(lambda x: x.copy(), state)}
     loader = make_rl_loader(data_source.data_config(config, data_source.train_files(config, workdir)), tokenizer,
                             shared.model_config, shard_index=jax.process_index(), shard_count=jax.process_count())
-    prompts = rl_loop.Prompts(loader)
+    prompts = Prompts(loader)
     times = {name: {k: [] for k in PARTS} for name in sides}
     seen = {name: [] for name in sides}
     same, rows = True, 0
@@ -157,14 +160,14 @@ def compare_sharing(config, workdir: str, rounds: int) -> dict:
     def one_step(name, batch, key):
         s = sides[name]
         t0 = time.perf_counter()
-        ro = rl_loop.rollout(s, states[name]["params"], batch, key)
-        sc = rl_loop.reward(s, ro)
+        ro = PH.rollout(s, states[name]["params"], batch, key)
+        sc = PH.reward(s, ro)
         adv = ADV.compute(sc.reward, sc.success & ro.valid, rl.group_size, config.method, rl)
         adv["advantages"] = np.where(ro.valid, adv["advantages"], 0.0).astype(np.float32)
         t1 = time.perf_counter()
-        scores = rl_loop.score(s, states[name]["params"], ro)
+        scores = PH.score(s, states[name]["params"], ro)
         t2 = time.perf_counter()
-        states[name], metrics, _ = rl_loop.update(s, states[name], ro, adv, scores)
+        states[name], metrics, _ = PH.update(s, states[name], ro, adv, scores)
         t3 = time.perf_counter()
         return ro, sc, metrics, (t1 - t0, t2 - t1, t3 - t2)
 
@@ -223,13 +226,13 @@ def main(argv=None) -> dict:
     if args.steps < 2:
         raise SystemExit("--steps must be >= 2: the first step compiles and is not averaged")
     if args.workdir and os.path.exists(os.path.join(args.workdir, "metrics.jsonl")):
-        raise SystemExit(f"--workdir={args.workdir!r} holds a run already (train_rl would resume it); use a new folder")
+        raise SystemExit(f"--workdir={args.workdir!r} holds a run already (the run would resume it); use a new folder")
 
     logging.basicConfig(level=logging.WARNING)
     from guilibra_jax.models import param_count
     from guilibra_jax.train import config as run_config
     from guilibra_jax.train import data_source, model_factory
-    from guilibra_jax.train.rl_loop import train_rl
+    from guilibra_jax.train.run import train
 
     start = C.run_start()
     config = build_config(args)
@@ -238,7 +241,7 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or tmp
         t0 = time.perf_counter()
-        train_rl(config, workdir)
+        train(config, workdir)
         wall_s = time.perf_counter() - t0
         with open(os.path.join(workdir, "metrics.jsonl")) as f:
             rows = [r for r in map(json.loads, filter(str.strip, f)) if "step_s" in r]

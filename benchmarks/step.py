@@ -132,7 +132,7 @@ class JaxSide:
         from guilibra_jax import sharding as S
         from guilibra_jax.models import QwenVL
         from guilibra_jax.train.optimizer import make_optimizer
-        from guilibra_jax.train.sft_step import make_sft_step
+        from guilibra_jax.train.sft.step import make_sft_step
         from guilibra_jax.train.step_core import init_state
 
         nnx.use_eager_sharding(False)

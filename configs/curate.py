@@ -1,4 +1,4 @@
-r"""GUI-Libra's data curation with our own sampler (METHOD.md section 2): re-prediction
+r"""GUI-Libra's data curation with our own sampler (docs/method.md): re-prediction
 consistency, box verification, reasoning augmentation and RL rebalancing, resumable.
 
     python -m launch.curate --config=configs/curate.py --workdir=runs/curate \

@@ -20,7 +20,7 @@ Recipes (``:arg``):
   Not run here (no GPU in this task).
 - ``smoke``: a few steps, for tests.
 - ``rl``: stage 2, GUI-Libra's conservative GRPO on live MiniWoB++ pages (``rl.world=miniwob``,
-  ``guilibra_jax/train/online.py``) from the ``cpu`` run's export (``model.hf_path`` default
+  ``guilibra_jax/train/rl/online.py``) from the ``cpu`` run's export (``model.hf_path`` default
   ``runs/miniwob_sft/export``, or ``$GUILIBRA_MINIWOB_SFT_EXPORT``; its tokenizer comes with
   it). 4 browser workers, one live episode each: every step samples 8 responses per live
   state, rewards them with the verifier against the DOM expert's action in that state,

@@ -1,4 +1,4 @@
-"""UI-MOPD stage 2 (METHOD.md sections 3 and 5): a Qwen3-VL-8B-Thinking student samples
+"""UI-MOPD stage 2 (docs/method.md): a Qwen3-VL-8B-Thinking student samples
 G = 8 tool-call responses per Uni-GUI instruction; each rollout's tokens are scored by the
 teacher of its platform (two Qwen3-VL-32B-Thinking teachers from
 ``configs/mopd_teacher_sft.py``). Reproduces the public release by default
@@ -73,7 +73,7 @@ def get_config(arg="8x8"):
     if arg == "1x8":
         raise ValueError("configs/mopd.py:1x8: an 8B student with two 32B teachers does not fit one host of 8 H100 "
                          "80GB at the release's shapes (launch.plan: 98 GiB per GPU in the update, 72 usable); "
-                         "use :4x8 (32 GPUs, 62.4 GiB) or :8x8 (64 GPUs, the paper's, 55.0 GiB)")
+                         "use :4x8 (32 GPUs, 62.4 GiB planned) or :8x8 (64 GPUs, the paper's, 28.4 GiB planned)")
     if arg not in ARGS:
         raise ValueError(f"configs/mopd.py: unknown layout {arg!r}; expected one of {ARGS}")
     c = base_config()

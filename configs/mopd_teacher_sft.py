@@ -1,5 +1,5 @@
 """UI-MOPD stage 1: one teacher per platform, SFT'd on that platform's data only, in
-Qwen3-VL tool-call format (METHOD.md section 3). Arg: desktop | mobile. Reproduces the
+Qwen3-VL tool-call format (docs/method.md). Arg: desktop | mobile. Reproduces the
 public release by default (``verl/ui_mopd/runs/run_sft_32B_Thinking.sh``,
 ``data/sft/generate_{desktop,mobile}_sft_parquet.py``):
 

@@ -30,7 +30,7 @@ ARGS = ("asft_a2g4", "asft_a1g1", "asft_release", "asft_reasoning", "grpo_b0_sng
 SFT = ARGS[:4]
 GRPO = ARGS[4:]
 BETA = 0.1                  # grpo_demo's measured trust region for the tiny model
-SFT_STEPS = 600             # a weaker start than the demo's 1,200 steps leaves GRPO room (README)
+SFT_STEPS = 600             # a weaker start than the demo's 1,200 steps leaves GRPO room
 CHECKPOINT_EVERY = 15
 
 
@@ -55,7 +55,7 @@ def get_config(arg: str = "asft_a2g4", root: str = ROOT, smoke: bool = False) ->
         c.model.hf_path = f"{root}/asft_a2g4/export"
         c.rl.kl_beta = 0.0 if "_b0_" in arg else BETA
         c.rl.sngs.enabled = arg.endswith("sngs1")
-        c.optim.lr = 5e-4           # from a 400-step start this raised the reward at KL 0.07 (README)
+        c.optim.lr = 5e-4           # from a 400-step start this raised the reward at KL 0.07
         if "_lr1e4_" in arg:        # at 5e-4 every arm lost held-out accuracy (0.55 -> 0.37-0.46)
             c.optim.lr = 1e-4       # grpo_demo's default, which kept it from the 1,200-step model
         c.train.steps = 60

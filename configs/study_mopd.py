@@ -35,7 +35,7 @@ ARGS = ("base", "teacher_desktop", "teacher_mobile", "mixed_sft", "mopd", "mopd_
 MOPD_ARMS = ARGS[4:]                                                                  # launch.recipes reads it
 MODELS = ("base", "teacher_desktop", "teacher_mobile", "mixed_sft", "merge_average", "merge_ties", *MOPD_ARMS)
 PLATFORMS = ("desktop", "mobile")
-# UI-MOPD's Table (METHOD.md section 3): online success rate (%) on OSWorld (desktop) and
+# UI-MOPD's Table (docs/method.md): online success rate (%) on OSWorld (desktop) and
 # MobileWorld (mobile); Qwen3-VL-8B student, 32B teachers.
 PAPER = {"base": (33.9, 7.7), "mixed_sft": (35.0, 6.4), "merge_average": (36.5, 6.8), "merge_ties": (36.8, 0.0),
          "mopd": (38.2, 12.0), "teachers": (46.3, 16.2)}

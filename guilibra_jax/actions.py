@@ -1,6 +1,6 @@
 """Action vocabularies, response parsing and rendering, coordinate spaces.
 
-Two response formats are first-class (METHOD.md sections 0 and 3b):
+Two response formats are first-class (docs/method.md):
 
 * GUI-Libra: an optional ``<think>`` (Qwen2.5) or ``<thinking>`` (Qwen3) block, then
   ``<answer>{"action_type", "action_description", "value", "point_2d"}</answer>``

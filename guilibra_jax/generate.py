@@ -421,6 +421,22 @@ def _token_logprobs(model, h, targets, temperature: float, chunk_size: int | Non
     return unchunk(lp), unchunk(ent)
 
 
+def sequence_hidden(model, input_ids, positions, segment_ids, pixel_values=None, vision=None, response_mask=None
+                    ) -> tuple[Array, Array, Array]:
+    """(h [B, T, D], targets [B, T], valid [B, T]) of whole sequences, aligned as in
+    :func:`token_logprobs`: ``h[:, t]`` (final-normed hidden state) predicts
+    ``targets[:, t] = input_ids[:, t + 1]``, scored where ``valid``."""
+    seg = segment_ids.astype(jnp.int32)
+    ids = input_ids.astype(jnp.int32)
+    h = model.hidden_states(ids, positions.astype(jnp.int32), seg, pixel_values, vision)
+    targets = jnp.concatenate([ids[:, 1:], jnp.zeros_like(ids[:, :1])], axis=1)
+    next_seg = jnp.concatenate([seg[:, 1:], jnp.zeros_like(seg[:, :1])], axis=1)
+    valid = (seg > 0) & (next_seg == seg)
+    if response_mask is not None:
+        valid = valid & (response_mask != 0)
+    return h, targets, valid
+
+
 def token_logprobs(model, input_ids, positions, segment_ids, pixel_values=None, vision=None, response_mask=None,
                    *, temperature: float = 1.0, chunk_size: int | None = None, with_entropy: bool = False,
                    banned_token_ids: tuple[int, ...] = ()) -> tuple[Array, Array, Array]:
@@ -435,14 +451,8 @@ def token_logprobs(model, input_ids, positions, segment_ids, pixel_values=None, 
     with ``with_entropy``, else zeros) is that of the whole next-token distribution.
     ``banned_token_ids``: excluded from the distribution, as the sampler's.
     """
-    seg = segment_ids.astype(jnp.int32)
-    ids = input_ids.astype(jnp.int32)
-    h = model.hidden_states(ids, positions.astype(jnp.int32), seg, pixel_values, vision)
-    targets = jnp.concatenate([ids[:, 1:], jnp.zeros_like(ids[:, :1])], axis=1)
-    next_seg = jnp.concatenate([seg[:, 1:], jnp.zeros_like(seg[:, :1])], axis=1)
-    valid = (seg > 0) & (next_seg == seg)
-    if response_mask is not None:
-        valid = valid & (response_mask != 0)
+    h, targets, valid = sequence_hidden(model, input_ids, positions, segment_ids, pixel_values, vision,
+                                        response_mask)
     lp, ent = _token_logprobs(model, h, jnp.where(valid, targets, 0), float(temperature), chunk_size, with_entropy,
                               tuple(banned_token_ids))
     return jnp.where(valid, lp, 0.0), valid, jnp.where(valid, ent, 0.0)
@@ -450,6 +460,21 @@ def token_logprobs(model, input_ids, positions, segment_ids, pixel_values=None, 
 
 SHARED_INPUTS = ("prompt_ids", "prompt_positions", "prompt_segment_ids", "response_ids", "response_positions",
                  "response_mask")
+
+
+def shared_hidden(model, batch: dict) -> tuple[Array, Array, Array]:
+    """(h [R, N', D], targets [R, N'], valid [R, N']) of a shared-prompt batch, aligned as in
+    :func:`shared_token_logprobs`: ``h[r, j]`` predicts response token j of row r."""
+    ids = batch["response_ids"].astype(jnp.int32)
+    mask = batch["response_mask"].astype(jnp.int32)
+    hp, hr = model.shared_prompt_hidden(batch["prompt_ids"].astype(jnp.int32),
+                                        batch["prompt_positions"].astype(jnp.int32), batch["prompt_segment_ids"],
+                                        ids, batch["response_positions"].astype(jnp.int32), mask,
+                                        batch.get("pixel_values"), batch.get("vision"))
+    copies = ids.shape[0] // hp.shape[0]
+    last = jnp.repeat(hp[:, -1:], copies, axis=0)                 # predicts response token 0
+    h = jnp.concatenate([last, hr[:, :-1]], axis=1)               # position j predicts token j
+    return h, ids, mask > 0
 
 
 def shared_token_logprobs(model, batch: dict, *, temperature: float = 1.0, chunk_size: int | None = None,
@@ -461,16 +486,7 @@ def shared_token_logprobs(model, batch: dict, *, temperature: float = 1.0, chunk
     prompt, tokens < j), scored from the prompt's last position for j = 0. ``valid`` =
     ``response_mask``. The vocabulary projection runs on the R x N' response positions only.
     Equal to :func:`token_logprobs` on the whole rows at their response columns."""
-    ids = batch["response_ids"].astype(jnp.int32)
-    mask = batch["response_mask"].astype(jnp.int32)
-    hp, hr = model.shared_prompt_hidden(batch["prompt_ids"].astype(jnp.int32),
-                                        batch["prompt_positions"].astype(jnp.int32), batch["prompt_segment_ids"],
-                                        ids, batch["response_positions"].astype(jnp.int32), mask,
-                                        batch.get("pixel_values"), batch.get("vision"))
-    copies = ids.shape[0] // hp.shape[0]
-    last = jnp.repeat(hp[:, -1:], copies, axis=0)                 # predicts response token 0
-    h = jnp.concatenate([last, hr[:, :-1]], axis=1)               # position j predicts token j
-    valid = mask > 0
+    h, ids, valid = shared_hidden(model, batch)
     lp, ent = _token_logprobs(model, h, jnp.where(valid, ids, 0), float(temperature), chunk_size, with_entropy,
                               tuple(banned_token_ids))
     return jnp.where(valid, lp, 0.0), valid, jnp.where(valid, ent, 0.0)

@@ -4,7 +4,9 @@ Shapes: B sequences, T tokens, V vocabulary; N groups (prompts) of G responses e
 Everything is jit-able (string options are static Python values) and computes in
 float32 or wider whatever the input dtype. Each loss has a `*_terms` twin returning
 (numerator, denominator): sum both over micro-batches, divide once, and the result is
-exactly the full-batch loss, so gradient accumulation stays exact.
+exactly the full-batch loss, so gradient accumulation stays exact. The RL twins also return
+the sums their metrics are made of (`report_sums`: clipped tokens, ratio, KL), so that a
+trainer or a benchmark never recomputes them.
 
 Masks are 0/1 of any dtype (nonzero counts as 1). Masked-out positions are replaced by
 zeros before any arithmetic, so garbage there (padding logps, -inf) never reaches the
@@ -15,6 +17,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from guilibra_jax import choices as CH
+
 Array = jax.Array
 
 # Segment ids of ASFT targets; 0 = no loss (prompt, padding). Under weighting "release" they
@@ -22,10 +26,10 @@ Array = jax.Array
 # "point_2d":); the part is segment & PART_MASK either way.
 REASONING, ACTION, GROUNDING = 1, 2, 3
 IN_ANSWER, AFTER_POINT, PART_MASK = 4, 8, 3
-NORMALIZATIONS = ("sample", "token")
-WEIGHTINGS = ("paper", "release")
-KL_KINDS = ("k1", "k2", "k3")
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
+# The options' names (ASFT normalisations and weightings, KL estimators, aggregations, MOPD's
+# distillation estimators) are defined once, in guilibra_jax/choices.py.
+NORMALIZATIONS, WEIGHTINGS, KL_KINDS = CH.NORMALIZATIONS, CH.WEIGHTINGS, CH.KL_KINDS
+AGGREGATIONS, MOPD_ESTIMATORS = CH.AGGREGATIONS, CH.MOPD_ESTIMATORS
 # |log ρ| is clamped to this before exp, as veRL does: ρ stays finite, and only ratios
 # beyond e^±20 (far outside any clip range) see their gradient cut.
 LOG_RATIO_BOUND = 20.0
@@ -281,6 +285,26 @@ def _clipped_pg(logp, old_logp, advantages, mask, clip_low, clip_high, dual_clip
     return pg, ratio, clipped & on, on
 
 
+REPORT_SUMS = ("tokens", "clipped", "ratio", "kl", "kl_tokens", "sequences", "kl_on")
+
+
+def report_sums(ratio, clipped, on, kl, kl_rows) -> dict[str, Array]:
+    """Scalar sums over a micro-batch that RL metrics divide (no gradient): masked
+    ``tokens``, ``clipped`` tokens (on the clipped branch), ``ratio`` ρ, ``kl`` over the
+    ``kl_tokens`` whose sequence has the KL term on (``kl_rows`` [B] > 0), ``sequences``
+    with a token, and those of them with the KL on (``kl_on``). Summed over micro-batches:
+    clip_fraction = clipped / tokens, ratio_mean = ratio / tokens, kl = kl / kl_tokens,
+    kl_mask_fraction = kl_on / sequences."""
+    sg = jax.lax.stop_gradient
+    m = on.astype(jnp.float32)
+    rows_on = (_float(kl_rows) > 0)
+    kl_m = m * rows_on[:, None]
+    has = jnp.sum(m, -1) > 0
+    return {"tokens": jnp.sum(m), "clipped": jnp.sum(m * clipped), "ratio": jnp.sum(sg(ratio) * m),
+            "kl": jnp.sum(sg(kl) * kl_m), "kl_tokens": jnp.sum(kl_m),
+            "sequences": jnp.sum(has.astype(jnp.float32)), "kl_on": jnp.sum((has & rows_on).astype(jnp.float32))}
+
+
 def _grpo_parts(logp, old_logp, ref_logp, advantages, mask, clip_low, clip_high, kl_kind,
                 kl_clamp, dual_clip=None):
     pg, ratio, clipped, on = _clipped_pg(logp, old_logp, advantages, mask, clip_low, clip_high, dual_clip)
@@ -290,11 +314,13 @@ def _grpo_parts(logp, old_logp, ref_logp, advantages, mask, clip_low, clip_high,
 
 def grpo_loss_terms(logp, old_logp, ref_logp, advantages, mask, *, clip_low=0.2,
                     clip_high=0.2, kl_beta=0.001, kl_kind="k3", kl_clamp=None,
-                    aggregation="token_mean", dual_clip=None) -> tuple[Array, Array]:
-    """(numerator, denominator) of `grpo_loss`; sum both over micro-batches, then divide."""
-    pg, kl, *_ = _grpo_parts(logp, old_logp, ref_logp, advantages, mask, clip_low, clip_high,
-                             kl_kind, kl_clamp, dual_clip)
-    return aggregate_terms(pg + kl_beta * kl, mask, aggregation)
+                    aggregation="token_mean", dual_clip=None) -> tuple[Array, Array, dict]:
+    """(numerator, denominator, `report_sums`) of `grpo_loss`; sum each over micro-batches,
+    then divide."""
+    pg, kl, ratio, clipped, on = _grpo_parts(logp, old_logp, ref_logp, advantages, mask, clip_low, clip_high,
+                                             kl_kind, kl_clamp, dual_clip)
+    num, den = aggregate_terms(pg + kl_beta * kl, mask, aggregation)
+    return num, den, report_sums(ratio, clipped, on, kl, jnp.ones(on.shape[:1]))
 
 
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2,
@@ -322,50 +348,117 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, *, clip_low=0.2, clip_
     return loss, aux
 
 
+# --------------------------------------------------------------------------- MOPD
+
+# How the distillation term of `mopd_loss` is estimated (config key rl.mopd.estimator):
+# MOPD_ESTIMATORS, from guilibra_jax/choices.py (top of this file).
+
+
+def reverse_kl_from_logits(logits: Array, teacher_logits: Array) -> Array:
+    """Exact KL(π_s || π_t) over the last (vocabulary) axis: Σ_v π_s(v) (log π_s(v) - log π_t(v)),
+    π = softmax(logits), in float32 or wider. Entries where the student's log-prob is -inf
+    (banned ids, -inf in both) are left out with a zero gradient; a teacher -inf where the
+    student has mass gives +inf, as the KL is. Its gradient wrt the student's logits is the
+    exact ∇KL(π_s || π_t) = π_s ⊙ (d - Σ π_s d), d = log π_s - log π_t."""
+    ls = jax.nn.log_softmax(_float(logits), axis=-1)
+    lt = jax.nn.log_softmax(_float(teacher_logits), axis=-1)
+    on = jnp.isfinite(ls)
+    ls, lt = jnp.where(on, ls, 0.0), jnp.where(on, lt, 0.0)
+    return jnp.sum(jnp.where(on, jnp.exp(ls) * (ls - lt), 0.0), axis=-1)
+
+
 def _mopd_parts(logp, old_logp, teacher_logp, advantages, mask, kl_mask, clip_low, clip_high,
-                kl_clamp, dual_clip=None):
-    pg, ratio, clipped, on = _clipped_pg(logp, old_logp, advantages, mask, clip_low, clip_high, dual_clip)
+                kl_clamp, dual_clip=None, estimator="k3", beta=0.0, token_kl=None):
+    """(pg, the distillation term per token before beta (0 for logratio_advantage: it is
+    inside pg), the reported per-token KL, ρ, clipped, on, on & kl_on)."""
+    _check("estimator", estimator, MOPD_ESTIMATORS)
+    if estimator == "full_kl" and token_kl is None:
+        raise ValueError("losses: estimator='full_kl' needs token_kl (the exact per-position KL [B, T])")
+    on = mask > 0
     # K3 with δ = teacher - student is kl_penalty(student, teacher, "k3").
     k3 = kl_penalty(jnp.where(on, logp, 0.0), jnp.where(on, teacher_logp, 0.0), "k3", kl_clamp)
-    kl_on = _float(kl_mask)[:, None] > 0  # [B, 1]
-    return pg, jnp.where(kl_on, k3, 0.0), k3, ratio, clipped, on, on & kl_on
+    weight = _float(kl_mask)[:, None]      # [B, 1]: μ_g (0/1) or rl.mopd.kl_mask="release"'s weights
+    kl_on = weight > 0
+    weight = jnp.where(kl_on, weight, 0.0)
+    if estimator == "logratio_advantage":
+        # per-token advantage β w (log π_t - log π_θ)(y_t), the student's log-prob current and
+        # stop-gradient, added to the task advantage inside the clipped surrogate
+        adv = _float(advantages)
+        adv = jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, logp.shape)
+        distill = jax.lax.stop_gradient(jnp.where(on, _float(teacher_logp) - _float(logp), 0.0))
+        pg, ratio, clipped, on = _clipped_pg(logp, old_logp, adv + beta * weight * distill, mask, clip_low,
+                                             clip_high, dual_clip)
+        return pg, jnp.zeros_like(pg), k3, ratio, clipped, on, on & kl_on
+    pg, ratio, clipped, on = _clipped_pg(logp, old_logp, advantages, mask, clip_low, clip_high, dual_clip)
+    per_token = k3 if estimator == "k3" else jnp.where(on, _float(token_kl), 0.0)
+    return pg, weight * per_token, per_token, ratio, clipped, on, on & kl_on
 
 
 def mopd_loss_terms(logp, old_logp, teacher_logp, advantages, mask, kl_mask, *, beta=0.01,
-                    clip_low=0.2, clip_high=0.28, kl_clamp=10.0,
-                    aggregation="token_mean", dual_clip=None) -> tuple[Array, Array]:
-    """(numerator, denominator) of `mopd_loss`; sum both over micro-batches, then divide."""
-    pg, kl, *_ = _mopd_parts(logp, old_logp, teacher_logp, advantages, mask, kl_mask, clip_low,
-                             clip_high, kl_clamp, dual_clip)
-    return aggregate_terms(pg + beta * kl, mask, aggregation)
+                    clip_low=0.2, clip_high=0.28, kl_clamp=10.0, aggregation="token_mean",
+                    dual_clip=None, estimator="k3", token_kl=None) -> tuple[Array, Array, dict]:
+    """(numerator, denominator, `report_sums`) of `mopd_loss`; sum each over micro-batches,
+    then divide. The reported KL is the per-token K3 (k3, logratio_advantage: an unbiased
+    estimate of the reverse KL's value) or the exact KL (full_kl) over the tokens of
+    sequences whose kl_mask > 0."""
+    pg, kl, report_kl, ratio, clipped, on, _ = _mopd_parts(
+        logp, old_logp, teacher_logp, advantages, mask, kl_mask, clip_low, clip_high, kl_clamp, dual_clip,
+        estimator, beta, token_kl)
+    num, den = aggregate_terms(pg + beta * kl, mask, aggregation)
+    return num, den, report_sums(ratio, clipped, on, report_kl, kl_mask)
 
 
 def mopd_loss(logp, old_logp, teacher_logp, advantages, mask, kl_mask, *, beta=0.01,
-              clip_low=0.2, clip_high=0.28, kl_clamp=10.0,
-              aggregation="token_mean", dual_clip=None) -> tuple[Array, dict]:
+              clip_low=0.2, clip_high=0.28, kl_clamp=10.0, aggregation="token_mean",
+              dual_clip=None, estimator="k3", token_kl=None) -> tuple[Array, dict]:
     """UI-MOPD's loss L = L_PG + beta * L_MOPD. Returns (loss, aux).
 
     logp, old_logp [B, T]: the student's (current, sampling) log-probs of its sampled
     tokens; teacher_logp [B, T]: the platform teacher's log-probs of the same tokens;
-    advantages [B] (or [B, T]); mask [B, T] 0/1 response tokens; kl_mask [B] 0/1 (μ_g,
-    0 for sequences of groups the student already solves).
+    advantages [B] (or [B, T]); mask [B, T] 0/1 response tokens; kl_mask [B] >= 0: each
+    sequence's KL weight w (μ_g: 0 for sequences of groups the student already solves, else
+    1; rl.mopd.kl_mask="release" passes other weights, `advantages.kl_weights`).
     L_PG: the PPO clipped surrogate of `grpo_loss` (asymmetric clip; dual_clip as there,
     the release's veRL run sets clip_ratio_c = 10).
-    L_MOPD: per token K3 = exp(δ) - δ - 1, δ = teacher_logp - logp, clamped to
-    [-kl_clamp, kl_clamp] and multiplied by its sequence's kl_mask, then aggregated like
-    L_PG. With "token_mean" the denominator is all response tokens of the batch,
-    including those of kl_mask = 0 sequences (veRL's token mean over response_mask).
-    K3 here equals kl_penalty(logp, teacher_logp, "k3"). Its gradient, with y_t sampled
-    from π_θ, is (1 - π_ref/π_θ) ∇log π_θ(y_t), whose expectation is the gradient of the
-    FORWARD KL(π_ref || π_θ), not of the reverse KL.
-    aux: loss, pg_loss, kl_loss (L_MOPD), kl (mean K3 over tokens with mask and kl_mask),
-    clip_fraction, ratio_mean, kl_mask_fraction (of sequences), n_tokens.
+
+    ``estimator`` (rl.mopd.estimator), the distillation term; y_t ~ π_θ below, and each
+    expected gradient is the expectation over y_t of the per-sample gradient (exact
+    enumeration: tests/test_losses.py):
+
+    * "k3" (the paper and its release; default): L_MOPD = agg(w · K3_t), K3 = exp(δ) - δ - 1,
+      δ = teacher_logp - logp, clamped to [-kl_clamp, kl_clamp]; equals kl_penalty(logp,
+      teacher_logp, "k3"). Per-sample gradient (1 - π_t/π_θ) ∇log π_θ(y_t); its expectation
+      is ∇ of the FORWARD KL(π_t || π_θ) (mass-covering), not of the reverse KL. Variance:
+      the weight 1 - π_t/π_θ is unbounded where the teacher likes a token the student rarely
+      samples (the clamp bounds it).
+    * "logratio_advantage" (on-policy distillation as commonly run: Thinking Machines,
+      Qwen3): no separate loss; the per-token advantage of the clipped surrogate becomes
+      A + beta · w · sg(log π_t(y_t) - log π_θ(y_t)) (the current student's log-prob,
+      stop-gradient: -log ratio student/teacher). With A = 0 and ρ = 1 the per-sample
+      gradient of the loss is beta · w · (log π_θ - log π_t)(y_t) ∇log π_θ(y_t), whose
+      expectation is beta · w · ∇ of the REVERSE KL(π_θ || π_t) (mode-seeking), also on
+      later PPO epochs (the ratio corrects the sampling; clipping aside). Variance: one
+      sampled token's log ratio per position (a score-function estimate; the task advantage
+      adds in; nothing bounds it but the clip). The loss value carries no KL.
+    * "full_kl": L_MOPD = agg(w · KL_t) with ``token_kl`` [B, T] the exact reverse
+      KL(π_θ || π_t) over the vocabulary at each response position
+      (`reverse_kl_from_logits`; the update step forms it from both models' logits, chunked
+      over positions). Gradient: exactly beta · w · ∇KL(π_θ || π_t) at every position,
+      whatever token was sampled: no sampling variance at the position (the prefix is
+      still sampled). Needs the teacher's logits over the student's vocabulary.
+
+    With "token_mean" the denominator is all response tokens of the batch, including those
+    of kl_mask = 0 sequences (veRL's token mean over response_mask).
+    aux: loss, pg_loss, kl_loss (beta-free L_MOPD; 0 for logratio_advantage), kl (mean
+    reported per-token KL over tokens with mask and kl_mask: K3, or the exact KL for
+    full_kl), clip_fraction, ratio_mean, kl_mask_fraction (of sequences), n_tokens.
     """
-    pg, kl, k3, ratio, clipped, on, kl_on = _mopd_parts(
-        logp, old_logp, teacher_logp, advantages, mask, kl_mask, clip_low, clip_high, kl_clamp, dual_clip)
+    pg, kl, report_kl, ratio, clipped, on, kl_on = _mopd_parts(
+        logp, old_logp, teacher_logp, advantages, mask, kl_mask, clip_low, clip_high, kl_clamp, dual_clip,
+        estimator, beta, token_kl)
     pg_loss, kl_loss = aggregate(pg, on, aggregation), aggregate(kl, on, aggregation)
     loss = pg_loss + beta * kl_loss
-    aux = {"loss": loss, "pg_loss": pg_loss, "kl_loss": kl_loss, "kl": _token_mean(k3, kl_on),
+    aux = {"loss": loss, "pg_loss": pg_loss, "kl_loss": kl_loss, "kl": _token_mean(report_kl, kl_on),
            "clip_fraction": _token_mean(clipped.astype(jnp.float32), on),
            "ratio_mean": _token_mean(ratio, on),
            "kl_mask_fraction": jnp.mean((_float(kl_mask) > 0).astype(jnp.float32)),

@@ -1,9 +1,9 @@
 """Verifier rewards: pure functions on response text and a demo :class:`Target`.
 
-* :func:`guilibra_reward`: GUI-Libra's partially verifiable step reward (METHOD.md
-  sections 2 and 5): ``total = w_fmt * format + (1 - w_fmt) * accuracy`` with
+* :func:`guilibra_reward`: GUI-Libra's partially verifiable step reward
+  (docs/method.md): ``total = w_fmt * format + (1 - w_fmt) * accuracy`` with
   ``accuracy = r_act * r_val * r_g``.
-* :func:`mopd_reward`: UI-MOPD's task reward on Qwen3-VL tool calls (METHOD.md 3b):
+* :func:`mopd_reward`: UI-MOPD's task reward on Qwen3-VL tool calls (docs/method.md):
   1.0 for a full match (main or alternative label), -0.5 for a partial one, -1.0 when
   either side cannot be parsed or the action is unknown.
 
@@ -20,6 +20,7 @@ import re
 from typing import Any, Literal, Sequence
 
 from guilibra_jax import actions as A
+from guilibra_jax import choices as CH
 
 Box = tuple[float, float, float, float]  # x1, y1, x2, y2
 
@@ -183,7 +184,7 @@ def _accuracy_parts(action: A.Action, unit_point, target: Target, value_rule: st
     return r_act, r_val, r_g
 
 
-FORMAT_RULES = ("paper", "release")
+FORMAT_RULES = CH.REWARD_RULES   # GRPO format rules (guilibra_jax/choices.py)
 _ANSWER_SPAN_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _ANSWER_KEYS = ("action_type", "action_description", "value", "point_2d")
 
@@ -298,7 +299,7 @@ def _tool_point_ok(pred: A.ToolCall, label: A.ToolCall, key: str, box: Box | Non
 def tool_call_score(pred: A.ToolCall, label: A.ToolCall, bbox: Box | None = None,
                     bbox2: Box | None = None, *, check_tool_name: bool = True) -> float:
     """UI-MOPD sub-score in [0, 1] of a parsed prediction against one label, by the
-    label's action (METHOD.md 3b; the "strict" rule). Boxes are in unit space of the tool's
+    label's action (docs/method.md; the "strict" rule). Boxes are in unit space of the tool's
     screen. ``check_tool_name``: the type point also needs the same tool name."""
     act = label.action
     type_ok = float((pred.name == label.name or not check_tool_name) and pred.action == act)
@@ -342,7 +343,7 @@ RELEASE_MOPD_ACTIONS: dict[str, frozenset[str]] = {
                                "mouse_move", "left_click_drag", "type", "key", "scroll", "hscroll", "wait",
                                "terminate"}),
 }
-MOPD_RULES = ("strict", "release")
+MOPD_RULES = CH.MOPD_REWARD_RULES   # (guilibra_jax/choices.py)
 _RELEASE_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 

@@ -5,7 +5,8 @@
 Reads only the parameters of the checkpoint (orbax partial restore: no optimizer state
 in memory) and writes the complete export of ``guilibra_jax.train.export``: weights,
 tokenizer, chat template, and preprocessor / generation configs with the run's pixel
-bounds and stop ids.
+bounds and stop ids. The folder appears whole or not at all (``<out>.tmp-<pid>`` renamed
+when complete); a half-written ``model.hf_path`` of the run is refused.
 """
 
 import logging
@@ -13,7 +14,9 @@ import os
 
 from absl import flags
 
-from launch import cli
+from launch import cli, recipes
+
+__doc__ += recipes.index_text()   # --help lists the recipes in configs/
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder holding config.json and checkpoints/.")
 _OUT = flags.DEFINE_string("out", None, "Output folder (default: WORKDIR/export_step<N>).")
@@ -25,6 +28,7 @@ def convert(workdir: str, out: str | None = None, step: int | None = None) -> st
     """Export checkpoint ``step`` (None: the latest) of ``workdir`` to ``out``; returns ``out``."""
     from flax import nnx
 
+    from guilibra_jax import atomic
     from guilibra_jax.errors import UserError
     from guilibra_jax.train import checkpoint as C
     from guilibra_jax.train import config as run_config
@@ -35,6 +39,8 @@ def convert(workdir: str, out: str | None = None, step: int | None = None) -> st
         config = run_config.load_run_config(workdir)
     except FileNotFoundError as e:
         raise UserError(f"--workdir: {e}") from None
+    atomic.check_complete(config.model.hf_path, "config key model.hf_path")   # whose files the export copies
+    atomic.check_complete(config.tokenizer.path, "config key tokenizer.path")
     tokenizer = data_source.prepare_tokenizer(config, workdir)
     abstract = nnx.eval_shape(lambda: model_factory.build_model(config, tokenizer)[0])
     graphdef, pstate, _ = nnx.split(abstract, nnx.Param, ...)

@@ -9,7 +9,8 @@
 --to: native (default) | guilibra_sft | guilibra_rl (the output's format).
 Bad records are skipped and counted by reason; the run fails (and removes the output)
 when their fraction passes --bad_record_threshold. Records stream through: memory
-does not grow with the data.
+does not grow with the data. The output appears whole or not at all: it is written as
+``<output>.tmp-<pid>`` and renamed when complete, so a kill leaves the older output or none.
 
 guilibra_rl -> guilibra_rl copies the rows unchanged and only rewrites the row groups
 (about --row_group_mb MB each), which readers need to read one row at a time; it
@@ -29,8 +30,11 @@ from absl import flags
 from guilibra_jax.data import bad_records as B
 from guilibra_jax.data import readers as R
 from guilibra_jax.data import writers as W
+from guilibra_jax.data.file_errors import DataFileError
 from guilibra_jax.errors import UserError
-from launch import cli
+from launch import cli, recipes
+
+__doc__ += recipes.index_text()   # --help lists the recipes in configs/
 
 
 def _kept(src: R.StepSource, log: B.BadRecordLog) -> Iterator:
@@ -56,12 +60,13 @@ def convert(inputs, fmt: str, output: str, to: str = "native", *, image_root: st
     src = R.open_source(inputs, fmt, image_root=image_root, include_unused=include_unused)
     log = B.BadRecordLog(threshold=bad_record_threshold, min_seen=0)
     kwargs = {"row_group_mb": row_group_mb} if to == "guilibra_rl" else {}
+    n = None
     try:
-        n = W.WRITERS[to](_kept(src, log), output, **kwargs)
+        n = W.WRITERS[to](_kept(src, log), output, **kwargs)   # appears whole or not at all (writers.py)
         log.check(final=True)
     except BaseException:
-        if os.path.isfile(output):
-            os.unlink(output)
+        if n is not None and os.path.isfile(output):   # complete, with too many bad records; an older
+            os.unlink(output)                          # output stays when the writer itself failed
         raise
     out = {"written": n, "bad": dict(log.counts)}
     if isinstance(src, R.UniGuiSource):
@@ -93,7 +98,7 @@ def run(argv) -> None:
                          row_group_mb=_ROW_GROUP_MB.value)
     except B.TooManyBadRecords as e:
         raise UserError(str(e)) from None
-    except FileNotFoundError as e:
+    except (FileNotFoundError, DataFileError) as e:
         raise UserError(f"--input={','.join(_INPUT.value)}: {e}") from None
     print(json.dumps(result))
 

@@ -13,7 +13,9 @@ import logging
 
 from absl import flags
 
-from launch import cli
+from launch import cli, recipes
+
+__doc__ += recipes.index_text()   # --help lists the recipes in configs/
 
 _METHOD = flags.DEFINE_enum("method", None, ["average", "ties"], "Merge method.")
 _INPUTS = flags.DEFINE_list("inputs", None, "Models to merge: HF folders or training workdirs, comma-separated.")

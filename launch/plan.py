@@ -57,7 +57,7 @@ def _tpu_requested(argv) -> bool:
     if _flag(argv, "topology"):
         return True
     hw = _recipe_hardware(argv) if "--help" not in argv else None
-    return bool(hw is not None and hw.get("topology", ""))
+    return bool(hw is not None and hw.topology)
 
 
 def _early_devices(argv) -> None:
@@ -87,7 +87,9 @@ import logging  # noqa: E402
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from launch import cli  # noqa: E402
+from launch import cli, recipes  # noqa: E402
+
+__doc__ += recipes.help_text("plan")   # --help lists the recipes in configs/
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Recipe file: configs/X.py[:arg].", lock_config=True)
 _DEVICES = flags.DEFINE_integer("devices", None, "Devices of the run, all hosts together (default: the recipe's "
@@ -108,7 +110,7 @@ def main(argv):
     del argv
     logging.getLogger().setLevel(logging.WARNING)
     from guilibra_jax.train import config as run_config
-    from guilibra_jax.train import plan as PLAN
+    from guilibra_jax.train import recipe_plan as PLAN
 
     config = _CONFIG.value
     run_config.validate(config, planning=True)

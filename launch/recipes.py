@@ -108,10 +108,10 @@ def list_recipes(configs_dir: str = CONFIGS_DIR, kind: str | None = None) -> lis
 
 
 def help_text(kind: str = "train", configs_dir: str = CONFIGS_DIR) -> str:
-    """The recipe list ``launch.train --help`` (kind "train") or ``launch.eval --help``
-    (kind "eval") prints."""
+    """The recipe list ``launch.train --help`` (kind "train"), ``launch.plan --help``
+    ("plan": the train recipes) or ``launch.eval --help`` ("eval") prints."""
     lines = ["", "Recipes (--config=configs/X.py[:arg]):"]
-    for r in list_recipes(configs_dir, kind):
+    for r in list_recipes(configs_dir, "train" if kind == "plan" else kind):
         if r.args:
             default = f"; default {r.default}" if r.default else ""
             args = f"  [:{'|'.join(r.args)}{default}]"
@@ -122,10 +122,30 @@ def help_text(kind: str = "train", configs_dir: str = CONFIGS_DIR) -> str:
             lines.append(f"      {r.summary}")
     if kind == "train":
         lines += ["", "Every key can be overridden with --config.a.b=value; --config.print_only=True (or --dry_run)",
-                  "prints the resolved, validated config and exits. Keys and defaults: guilibra_jax/train/config.py."]
+                  "prints the resolved, validated config and exits. The keys, their defaults and what they do are",
+                  "listed below (with their allowed values: docs/config.md)."]
+    elif kind == "plan":
+        lines += ["", "Every key can be overridden with --config.a.b=value (keys, defaults and allowed values: "
+                  "docs/config.md, or launch.train --help)."]
     elif kind == "study":
         lines = ["", "Studies (--study=X runs configs/study_X.py's plan; one stage alone: launch.train "
                  "--config=configs/study_X.py:<stage>):"] + lines[2:]
     else:
         lines += ["", "Every key can be overridden with --config.a.b=value (keys: the recipe file)."]
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n"
+
+
+LAUNCHER_OF_KIND = {"train": "launch.train / launch.plan", "eval": "launch.eval", "curate": "launch.curate",
+                    "study": "launch.study"}
+
+
+def index_text(configs_dir: str = CONFIGS_DIR) -> str:
+    """The recipes in ``configs_dir`` by kind, one line per kind: what the ``--help`` of
+    a launcher that takes no recipe (convert, merge, ...) ends with."""
+    by_kind: dict[str, list[str]] = {}
+    for r in list_recipes(configs_dir):
+        by_kind.setdefault(r.kind, []).append(r.path)
+    lines = ["", "Recipes in configs/, by the launcher that runs them (its --help lists their arguments):"]
+    for kind, paths in by_kind.items():
+        lines.append(f"  {LAUNCHER_OF_KIND.get(kind, kind)}: {', '.join(paths)}")
+    return "\n".join(lines) + "\n"

@@ -20,7 +20,9 @@ import logging
 
 from absl import flags
 
-from launch import cli
+from launch import cli, recipes
+
+__doc__ += recipes.index_text()   # --help lists the recipes in configs/
 
 _WORLD = flags.DEFINE_enum("world", "miniwob", ["miniwob", "synthetic"], "Which world plays the expert.")
 _OUT = flags.DEFINE_string("out", None, "Output folder.")

@@ -2,6 +2,7 @@
 
     python -m launch.study --study=mopd --workdir=runs/study_mopd [--smoke]
     python -m launch.study --study=guilibra --workdir=runs/study_guilibra [--smoke]
+    python -m launch.study --study=distill --workdir=runs/study_distill [--smoke]
 
 A thin driver over the trainers (``launch.train``), ``launch.merge`` and ``launch.eval``:
 the stages and their configs are the recipe ``configs/study_<study>.py`` (its
@@ -11,7 +12,10 @@ calls those launchers make, in this one process. A stage that finished leaves
 resumes from its latest checkpoint (the trainer's own resume), an interrupted merge or
 evaluation starts again. When every stage is done the study writes ``results.json``,
 ``report.md`` and PNG figures into WORKDIR (``guilibra_jax.eval.study_report``).
-``--smoke`` runs every stage for a couple of steps (tests).
+``--smoke`` runs every stage for a couple of steps (tests). A stage's ``config`` may be a
+function, called when the stage runs (a config chosen from earlier stages' results); a
+``call`` stage runs a function of the recipe (e.g. choosing a sweep's arm). The workdir
+records its study (``study.json``): another study's workdir is refused.
 """
 
 import importlib
@@ -26,8 +30,9 @@ from launch import cli, recipes
 
 __doc__ += recipes.help_text("study")
 
-STUDIES = ("mopd", "guilibra")
-_STUDY = flags.DEFINE_enum("study", None, list(STUDIES), "Which paper's comparison: mopd (UI-MOPD) or guilibra.")
+STUDIES = ("mopd", "guilibra", "distill")
+_STUDY = flags.DEFINE_enum("study", None, list(STUDIES), "Which comparison: mopd (UI-MOPD's table), guilibra "
+                           "(GUI-Libra's ablations) or distill (on-policy distillation against its teachers).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study folder: one subfolder per stage, the report.")
 _SMOKE = flags.DEFINE_bool("smoke", False, "Every stage for a couple of steps, tiny evaluations (tests).")
 _ONLY = flags.DEFINE_list("stages", None, "Run only these stages (and write no report); default: all.")
@@ -35,6 +40,7 @@ flags.mark_flags_as_required(["study", "workdir"])
 
 DONE = "study_stage.json"
 LOG = "study_log.jsonl"
+MARKER = "study.json"
 
 
 def _train(config, workdir: str) -> None:
@@ -43,11 +49,11 @@ def _train(config, workdir: str) -> None:
 
     from guilibra_jax.errors import UserError
     from guilibra_jax.train import config as run_config
-    from guilibra_jax.train import loop, rl_loop
+    from guilibra_jax.train.run import train
 
     run_config.validate(config)
     run_config.validate(config, jax.device_count(), jax.process_count())
-    (loop.train if config.method == "sft" else rl_loop.train_rl)(config, workdir)
+    train(config, workdir)
     if config.train.export and not os.path.exists(os.path.join(config.train.export_dir or
                                                                os.path.join(workdir, "export"), "config.json")):
         raise UserError(f"stage {workdir}: the run stopped before its last step (no export); rerun the study to "
@@ -67,7 +73,11 @@ def run_stage(stage: dict, root: str) -> dict:
     logging.info("study: %s (%s) ...", stage["name"], stage["kind"])
     t0 = time.time()
     if stage["kind"] == "train":
-        _train(stage["config"], workdir)
+        config = stage["config"]
+        _train(config() if callable(config) else config, workdir)
+    elif stage["kind"] == "call":
+        os.makedirs(workdir, exist_ok=True)
+        stage["call"]()
     elif stage["kind"] == "merge":
         from guilibra_jax.train.merge import merge_folders
         merge_folders(stage["method"], stage["inputs"], workdir, weights=stage.get("weights"),
@@ -86,6 +96,29 @@ def run_stage(stage: dict, root: str) -> dict:
     return done
 
 
+def claim_workdir(root: str, study: str, stage_names) -> None:
+    """Record ``study`` in ``root/study.json``; a folder of another study (its marker, or,
+    written before markers, a finished stage this study does not have) is a UserError."""
+    from guilibra_jax.errors import UserError
+
+    path = os.path.join(root, MARKER)
+    if os.path.exists(path):
+        with open(path) as f:
+            other = json.load(f).get("study")
+        if other != study:
+            raise UserError(f"--workdir={root} holds the {other!r} study ({path}); use another folder for "
+                            f"--study={study}")
+        return
+    foreign = sorted(d for d in (os.listdir(root) if os.path.isdir(root) else ())
+                     if os.path.exists(os.path.join(root, d, DONE)) and d not in stage_names)
+    if foreign:
+        raise UserError(f"--workdir={root} holds stages of another study ({', '.join(foreign)}); use another "
+                        f"folder for --study={study}")
+    os.makedirs(root, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"study": study}, f)
+
+
 def run_study(study: str, root: str, smoke: bool = False, only: list[str] | None = None) -> dict | None:
     """Every stage of ``configs/study_<study>.py`` in order, then the report (None when
     ``only`` names a subset of the stages)."""
@@ -96,9 +129,9 @@ def run_study(study: str, root: str, smoke: bool = False, only: list[str] | None
         raise UserError(f"--study={study!r} is invalid: expected one of {STUDIES}")
     module = importlib.import_module(f"configs.study_{study}")
     root = os.path.abspath(root)
-    os.makedirs(root, exist_ok=True)
     stages = module.plan(root, smoke)
     names = [s["name"] for s in stages]
+    claim_workdir(root, study, names)
     unknown = sorted(set(only or ()) - set(names))
     if unknown:
         raise UserError(f"--stages: {unknown} are not stages of the {study} study: {names}")

@@ -16,9 +16,10 @@ import logging  # noqa: E402
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from guilibra_jax.train import config as run_config  # noqa: E402  (light: no jax)
 from launch import cli, recipes  # noqa: E402
 
-__doc__ += recipes.help_text()   # --help lists the recipes in configs/
+__doc__ += recipes.help_text() + run_config.key_list_text()   # --help lists the recipes and every config key
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Recipe file: configs/X.py[:arg].", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder (metrics, checkpoints, export).")
@@ -29,15 +30,10 @@ flags.mark_flags_as_required(["config"])
 
 def plan_summary(config) -> str | None:
     """Hook for the memory plan (issue #11) that --dry_run prints after the config:
-    ``guilibra_jax.train.plan.dry_run_summary(config) -> str`` when the planner provides
-    it, else None. (``launch.plan`` is itself a launcher with its own flags, so it is not
-    imported here; the planner's library function is.)"""
-    try:
-        from guilibra_jax.train import plan
-    except ImportError:
-        return None
-    summary = getattr(plan, "dry_run_summary", None)
-    return summary(config) if summary is not None else None
+    ``guilibra_jax.train.recipe_plan.dry_run_summary(config) -> str``. (``launch.plan`` is itself a
+    launcher with its own flags, so it is not imported here; the planner's library function is.)"""
+    from guilibra_jax.train import recipe_plan   # imports jax: after the config was validated
+    return recipe_plan.dry_run_summary(config)
 
 
 def print_resolved(config) -> None:
@@ -54,7 +50,6 @@ def main(argv):
     for noisy in ("absl", "orbax", "jax", "grain"):  # library chatter: warnings only
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from guilibra_jax.errors import UserError
-    from guilibra_jax.train import config as run_config
     from guilibra_jax.train import hub
 
     config = _CONFIG.value
@@ -70,11 +65,11 @@ def main(argv):
     import jax
 
     run_config.validate(config, jax.device_count(), jax.process_count())  # the mesh against the devices
-    from guilibra_jax.train import compilation_cache, loop, rl_loop
+    from guilibra_jax.train import compilation_cache
+    from guilibra_jax.train.run import train
 
     compilation_cache.enable(config.train.compilation_cache_dir, _WORKDIR.value)
-    run = loop.train if config.method == "sft" else rl_loop.train_rl
-    row = run(config, _WORKDIR.value)
+    row = train(config, _WORKDIR.value)
     logging.info("final: %s", row)
 
 

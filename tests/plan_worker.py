@@ -48,7 +48,7 @@ def main():
 
     from guilibra_jax.train import config as run_config
     from guilibra_jax.train import data_source
-    from guilibra_jax.train import plan as PLAN
+    from guilibra_jax.train import recipe_plan as PLAN
 
     tokenizer_dir = ""
     if args.tiny:   # one demo tokenizer (Qwen special tokens, small vocabulary) for every recipe

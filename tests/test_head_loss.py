@@ -16,8 +16,9 @@ from guilibra_jax import head_loss as HL
 from guilibra_jax import losses as L
 from guilibra_jax import models as M
 from guilibra_jax.train import fake_batch as F
-from guilibra_jax.train import sft_step, step_core
-from guilibra_jax.train.loop import stack_micro_batches
+from guilibra_jax.train import step_core
+from guilibra_jax.train.sft import step as sft_step
+from guilibra_jax.train.batching import stack_micro_batches
 
 nnx.use_eager_sharding(False)
 

@@ -289,11 +289,18 @@ def test_aggregations_against_numpy_and_exact_micro_batch_accumulation(aggregati
                 "seq_mean_token_sum": np.mean([s.sum() for s in seqs])}[aggregation]
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
     np.testing.assert_allclose(loss, aux["pg_loss"] + 0.05 * aux["kl"], rtol=1e-6)
-    num, den = 0.0, 0.0
+    num, den, sums = 0.0, 0.0, {}
     for sl in (slice(0, 1), slice(1, 4)):
-        n, d = L.grpo_loss_terms(logp[sl], old[sl], ref[sl], adv[sl], mask[sl], **kw)
+        n, d, s = L.grpo_loss_terms(logp[sl], old[sl], ref[sl], adv[sl], mask[sl], **kw)
         num, den = num + n, den + d
+        sums = {k: sums.get(k, 0.0) + v for k, v in s.items()}
     np.testing.assert_allclose(num / den, loss, rtol=1e-6)
+    # the reporting sums, added over micro-batches, give the whole batch's metrics
+    np.testing.assert_allclose(sums["tokens"], m.sum())
+    np.testing.assert_allclose(sums["ratio"] / sums["tokens"], ratio[m].mean(), rtol=1e-5)
+    np.testing.assert_allclose(sums["clipped"] / sums["tokens"], aux["clip_fraction"], rtol=1e-6)
+    np.testing.assert_allclose(sums["kl"] / sums["kl_tokens"], (np.exp(-lr) - 1 + lr)[m].mean(), rtol=1e-5)
+    assert sums["sequences"] == sums["kl_on"] == sum(m[b].any() for b in range(4))
 
 
 def test_padding_garbage_never_reaches_loss_or_gradient():
@@ -399,12 +406,121 @@ def test_mopd_terms_accumulate_exactly():
     old = logp + jnp.asarray(rng.normal(scale=0.3, size=logp.shape), jnp.float32)
     teacher = logp + jnp.asarray(rng.normal(scale=1.0, size=logp.shape), jnp.float32)
     adv, kl_mask = jnp.array([1.0, -0.5, 0.0, 0.5]), jnp.array([1.0, 0.0, 1.0, 1.0])
-    loss, _ = L.mopd_loss(logp, old, teacher, adv, mask, kl_mask)
-    num, den = 0.0, 0.0
+    loss, aux = L.mopd_loss(logp, old, teacher, adv, mask, kl_mask)
+    num, den, sums = 0.0, 0.0, {}
     for sl in (slice(0, 2), slice(2, 4)):
-        n, d = L.mopd_loss_terms(logp[sl], old[sl], teacher[sl], adv[sl], mask[sl], kl_mask[sl])
+        n, d, s = L.mopd_loss_terms(logp[sl], old[sl], teacher[sl], adv[sl], mask[sl], kl_mask[sl])
         num, den = num + n, den + d
+        sums = {k: sums.get(k, 0.0) + v for k, v in s.items()}
     np.testing.assert_allclose(num / den, loss, rtol=1e-6)
+    # the reporting sums give mopd_loss's metrics (K3 over the tokens of kl_mask = 1 sequences)
+    np.testing.assert_allclose(sums["kl"] / sums["kl_tokens"], aux["kl"], rtol=1e-5)
+    np.testing.assert_allclose(sums["clipped"] / sums["tokens"], aux["clip_fraction"], rtol=1e-6)
+    np.testing.assert_allclose(sums["ratio"] / sums["tokens"], aux["ratio_mean"], rtol=1e-6)
+    has = np.asarray(mask).sum(1) > 0
+    assert sums["sequences"] == has.sum() and sums["kl_on"] == (has & (np.asarray(kl_mask) > 0)).sum()
+
+
+# ------------------------------------------------- MOPD estimators by exact enumeration
+
+
+def _mopd_sample_grads(theta, log_teacher, estimator, *, beta=1.0, adv=0.0, weight=1.0, theta_old=None):
+    """[V, V]: row y = ∇θ of `mopd_loss` on the one-token response y (old log-prob that of
+    ``theta_old``, default θ itself: ρ = 1), clip wide enough never to bind."""
+    old_logp = jax.nn.log_softmax(theta if theta_old is None else theta_old)
+
+    def loss(th, y):
+        lp = jax.nn.log_softmax(th)
+        tok = L.reverse_kl_from_logits(th, log_teacher)[None, None] if estimator == "full_kl" else None
+        out, _ = L.mopd_loss(lp[y][None, None], jax.lax.stop_gradient(old_logp[y])[None, None],
+                             log_teacher[y][None, None], jnp.array([adv]), jnp.ones((1, 1)), jnp.array([weight]),
+                             beta=beta, kl_clamp=None, clip_low=0.99, clip_high=1e3, estimator=estimator,
+                             token_kl=tok)
+        return out
+
+    return jnp.stack([jax.grad(loss)(theta, y) for y in range(theta.shape[0])])
+
+
+def _expected(grads, theta):
+    """Σ_y π(y) grads[y]: the exact expectation over y ~ softmax(theta)."""
+    return jnp.sum(jax.nn.softmax(theta)[:, None] * grads, axis=0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mopd_estimators_expected_gradients_by_exact_enumeration(seed):
+    """k3: forward KL(π_t || π_θ); logratio_advantage and full_kl: reverse KL(π_θ || π_t),
+    times beta. full_kl's gradient is the same whatever token is sampled (no variance at the
+    position); logratio_advantage's varies with the token (a score-function estimate)."""
+    theta, log_t = _categorical_pair(seed)
+    forward, reverse = jax.grad(_forward_kl)(theta, log_t), jax.grad(_reverse_kl)(theta, log_t)
+    beta = 0.7
+    g = {e: _mopd_sample_grads(theta, log_t, e, beta=beta) for e in L.MOPD_ESTIMATORS}
+    np.testing.assert_allclose(_expected(g["k3"], theta), beta * forward, atol=1e-6)
+    np.testing.assert_allclose(_expected(g["logratio_advantage"], theta), beta * reverse, atol=1e-6)
+    np.testing.assert_allclose(_expected(g["full_kl"], theta), beta * reverse, atol=1e-6)
+    np.testing.assert_allclose(g["full_kl"], np.broadcast_to(beta * reverse, g["full_kl"].shape), atol=1e-6)
+    assert np.max(np.abs(forward - reverse)) > 1e-2          # the two KLs' gradients differ here
+    spread = lambda x: float(np.max(np.abs(np.asarray(x) - np.asarray(_expected(x, theta)))))
+    assert spread(g["logratio_advantage"]) > 1e-2 and spread(g["full_kl"]) < 1e-6
+
+
+def test_logratio_advantage_is_the_reverse_kl_gradient_off_policy_too():
+    """Sampled from an older policy (a later PPO epoch): ρ · sg(log π_t - log π_θ) with the
+    CURRENT student's log-prob keeps the expected gradient the reverse KL's at θ."""
+    theta, log_t = _categorical_pair(4)
+    theta_old = theta + jnp.asarray(np.random.default_rng(9).normal(scale=0.3, size=5), jnp.float32)
+    g = _mopd_sample_grads(theta, log_t, "logratio_advantage", theta_old=theta_old)
+    np.testing.assert_allclose(_expected(g, theta_old), jax.grad(_reverse_kl)(theta, log_t), atol=1e-6)
+
+
+def test_logratio_advantage_adds_to_the_task_advantage_weighted_by_the_kl_mask():
+    """Per sample: -(A + beta · w · (log π_t - log π_θ)(y)) ∇log π_θ(y) at ρ = 1; w = 0
+    leaves the task policy gradient alone."""
+    theta, log_t = _categorical_pair(5)
+    lp = jax.nn.log_softmax(theta)
+    jac = jax.jacobian(jax.nn.log_softmax)(theta)               # [V (y), V (θ)]
+    for w in (1.0, 0.5, 0.0):
+        g = _mopd_sample_grads(theta, log_t, "logratio_advantage", beta=0.3, adv=1.5, weight=w)
+        want = -(1.5 + 0.3 * w * (log_t - lp))[:, None] * jac
+        np.testing.assert_allclose(g, want, atol=1e-6)
+
+
+def test_mopd_kl_weights_scale_the_kl_term_not_only_switch_it():
+    """kl_mask carries rl.mopd.kl_mask="release"'s weights (advantages.kl_weights): the
+    K3 (or exact KL) of each sequence is multiplied by its weight, not just masked."""
+    logp, mask, rng = _rl_batch(7)
+    teacher = logp + jnp.asarray(rng.normal(scale=1.0, size=logp.shape), jnp.float32)
+    w = jnp.array([0.5, 0.0, 2.0])
+    zeros = jnp.zeros(3)
+    d = np.asarray(teacher, np.float64) - np.asarray(logp, np.float64)
+    k3 = np.exp(d) - d - 1
+    m = np.asarray(mask, bool)
+    for est, tok in (("k3", None), ("full_kl", jnp.asarray(k3 + 0.25, jnp.float32))):
+        per = k3 if tok is None else k3 + 0.25
+        loss, _ = L.mopd_loss(logp, logp, teacher, zeros, mask, w, beta=1.0, kl_clamp=None, estimator=est,
+                              token_kl=tok)
+        np.testing.assert_allclose(loss, (per * np.asarray(w)[:, None])[m].sum() / m.sum(), rtol=1e-5)
+
+
+def test_reverse_kl_from_logits_by_hand_and_with_banned_ids():
+    rng = np.random.default_rng(3)
+    s, t = rng.normal(size=(2, 6)), rng.normal(size=(2, 6))
+    ls = s - np.log(np.exp(s).sum(-1, keepdims=True))
+    lt = t - np.log(np.exp(t).sum(-1, keepdims=True))
+    np.testing.assert_allclose(L.reverse_kl_from_logits(s, t), (np.exp(ls) * (ls - lt)).sum(-1), rtol=1e-5)
+    # banned ids (-inf in both): the KL over the others, finite value and gradient
+    sb, tb = jnp.asarray(s).at[:, :2].set(-jnp.inf), jnp.asarray(t).at[:, :2].set(-jnp.inf)
+    kl, g = jax.value_and_grad(lambda x: L.reverse_kl_from_logits(x, tb).sum())(sb)
+    np.testing.assert_allclose(kl, L.reverse_kl_from_logits(s[:, 2:], t[:, 2:]).sum(), rtol=1e-5)
+    assert np.isfinite(np.asarray(g)).all() and np.all(np.asarray(g)[:, :2] == 0)
+
+
+def test_full_kl_needs_token_kl_and_unknown_estimators_are_refused():
+    logp, mask, _ = _rl_batch(8)
+    with pytest.raises(ValueError, match="token_kl"):
+        L.mopd_loss_terms(logp, logp, logp, jnp.zeros(3), mask, jnp.ones(3), estimator="full_kl")
+    with pytest.raises(ValueError, match="estimator='k1'"):
+        L.mopd_loss_terms(logp, logp, logp, jnp.zeros(3), mask, jnp.ones(3), estimator="k1")
 
 
 # ------------------------------------------------------------------ properties

@@ -116,7 +116,7 @@ def test_unknown_stage_is_a_one_line_error(tmp_path):
   assert r.returncode == 2 and "error: --stages: ['nope'] are not stages of the mopd study" in r.stderr
 
 
-@pytest.mark.parametrize("study", ["mopd", "guilibra"])
+@pytest.mark.parametrize("study", ["mopd", "guilibra", "distill"])
 def test_every_full_size_stage_config_validates(study, tmp_path):
   """The full-size stage configs (run once the folders of earlier stages exist) validate;
   stages refer only to folders of earlier stages of the plan."""
@@ -125,11 +125,17 @@ def test_every_full_size_stage_config_validates(study, tmp_path):
   from guilibra_jax.train import config as run_config
   module = importlib.import_module(f"configs.study_{study}")
   root = str(tmp_path)
+  if study == "distill":     # the configs chosen by the sweep read its choice
+    with open(os.path.join(root, module.CHOSEN), "w") as f:
+      json.dump({"estimator": "logratio_advantage", "lr": 1e-3}, f)
   earlier = set()
   for stage in module.plan(root):
     refs = []
+    if stage["kind"] == "call":
+      earlier.add(stage["name"])
+      continue
     if stage["kind"] == "train":
-      c = stage["config"]
+      c = stage["config"] = stage["config"]() if callable(stage["config"]) else stage["config"]
       refs = [c.model.hf_path, c.tokenizer.path, *dict(c.rl.teachers).values()]
     elif stage["kind"] == "merge":
       refs = [*stage["inputs"], stage.get("base", "")]
@@ -192,3 +198,62 @@ def test_guilibra_report_from_eval_reports(tmp_path):
   assert "| asft_release |" in open(os.path.join(root, "report.md")).read()
   for png in res["figures"].values():
     assert os.path.getsize(os.path.join(root, png)) > 1000
+
+
+def test_distill_report_from_eval_reports(tmp_path):
+  """The distillation report: the KL windows and the offline accuracy by checkpoint come
+  from the runs' metrics and eval reports; the targets are ratios to the teachers'."""
+  import numpy as np
+  from configs import study_distill as S
+  from guilibra_jax.eval.report import write_report
+  from guilibra_jax.eval.study_report import distill_report
+  rng = np.random.default_rng(1)
+  root = str(tmp_path)
+  entries = {m: _entry("checkpoint", rng) for m in S.MODELS}
+  for m, e in entries.items():
+    write_report(os.path.join(root, f"eval_{m}"), [e], connect=False)
+  steps = [_entry(f"checkpoint@{s}", rng, "checkpoint") for s in (25, 50)]
+  write_report(os.path.join(root, "eval_distill_desktop_steps"), steps, connect=False)
+  for run, kl in (("distill_desktop", lambda s: 1.0 / s), ("mopd", lambda s: 0.5)):
+    os.makedirs(os.path.join(root, run))
+    with open(os.path.join(root, run, "metrics.jsonl"), "w") as f:
+      for s in range(1, 51):
+        f.write(json.dumps({"step": s, "kl": kl(s)}) + "\n")
+  arms = {S.sweep_name(e, lr): {"estimator": e, "lr": lr, "kl_first": 1.0, "kl_last": 0.1 * i}
+          for i, (e, lr) in enumerate(S.SWEEP)}
+  with open(os.path.join(root, S.CHOSEN), "w") as f:
+    json.dump({"estimator": "k3", "lr": 1e-3, "arm": next(iter(arms)), "arms": arms}, f)
+  res = distill_report(root, S)
+  d = res["distill_desktop"]
+  w = S.SWEEP_WINDOW
+  assert d["kl_first_window"] == pytest.approx(np.mean([1.0 / s for s in range(1, w + 1)]))
+  assert d["kl_last_window"] == pytest.approx(np.mean([1.0 / s for s in range(51 - w, 51)]))
+  teacher = entries["teacher_desktop"]["offline"]["by_platform"]["desktop"]["step_success"]
+  by_step = [a for _, a in d["offline_desktop_by_step"]]
+  assert [s for s, _ in d["offline_desktop_by_step"]] == [0, 25, 50]
+  assert by_step == [entries["base"]["offline"]["by_platform"]["desktop"]["step_success"]] + [
+      e["offline"]["by_platform"]["desktop"]["step_success"] for e in steps]
+  reach = next((s for s, a in d["offline_desktop_by_step"] if a >= 0.9 * teacher), None)
+  assert res["targets"]["(a) first checkpoint at >= 90% of the teacher"] == reach
+  ratio = d["kl_first_window"] / d["kl_last_window"]
+  assert res["claims"]["(a) KL down >= 5x"] == ("yes" if ratio >= 5 else "no")
+  mob = entries["mopd"]["offline"]["by_platform"]["mobile"]["step_success"]
+  t_mob = entries["teacher_mobile"]["offline"]["by_platform"]["mobile"]["step_success"]
+  assert res["targets"]["(b) mopd mobile offline accuracy / teacher's"] == pytest.approx(mob / t_mob)
+  assert "| sweep_k3_0.001 |" in open(os.path.join(root, "report.md")).read()
+  for png in res["figures"].values():
+    assert os.path.getsize(os.path.join(root, png)) > 1000
+
+
+def test_a_study_refuses_another_studys_workdir(tmp_path):
+  from guilibra_jax.errors import UserError
+  from launch.study import claim_workdir
+  claim_workdir(str(tmp_path), "mopd", ["base"])
+  with pytest.raises(UserError, match=r"holds the 'mopd' study"):
+    claim_workdir(str(tmp_path), "distill", ["base"])
+  claim_workdir(str(tmp_path), "mopd", ["base"])           # the same study resumes
+  old = tmp_path / "old"                                    # a folder from before the marker
+  (old / "mixed_sft").mkdir(parents=True)
+  (old / "mixed_sft" / "study_stage.json").write_text("{}")
+  with pytest.raises(UserError, match=r"stages of another study \(mixed_sft\)"):
+    claim_workdir(str(old), "distill", ["base", "teacher_desktop"])

@@ -1,4 +1,4 @@
-"""GUI-Libra's data curation (METHOD.md section 2) with our own sampler.
+"""GUI-Libra's data curation (docs/method.md) with our own sampler.
 
     python -m launch.curate --config=configs/curate.py[:arg] --workdir=DIR
 

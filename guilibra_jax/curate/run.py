@@ -31,6 +31,7 @@ from typing import Any
 import jax
 
 from guilibra_jax import actions as A
+from guilibra_jax import choices as CH
 from guilibra_jax.curate import corrupt as CR
 from guilibra_jax.curate import report as REP
 from guilibra_jax.curate import stages as ST
@@ -102,10 +103,10 @@ def validate(cfg) -> None:
             _need(d.synthetic.enabled or bool(cfg.oracle.clean), f"{stage}.sampler", "oracle",
                   "'model' or 'endpoint': the oracle answers from clean labels (data.synthetic.enabled, or "
                   "oracle.clean: a native JSONL file of them)")
-    _need(cfg.generator.method in ("guilibra", "mopd"), "generator.method", cfg.generator.method,
-          "'guilibra' or 'mopd'")
-    _need(cfg.rebalance.domain_key in ("platform", "source"), "rebalance.domain_key", cfg.rebalance.domain_key,
-          "'platform' or 'source'")
+    _need(cfg.generator.method in CH.TARGET_FORMATS, "generator.method", cfg.generator.method,
+          " or ".join(map(repr, CH.TARGET_FORMATS)))
+    _need(cfg.rebalance.domain_key in CH.REBALANCE_KEYS, "rebalance.domain_key", cfg.rebalance.domain_key,
+          " or ".join(map(repr, CH.REBALANCE_KEYS)))
     _need(cfg.rebalance.target_size >= 0, "rebalance.target_size", cfg.rebalance.target_size, "an integer >= 0")
     ST.parse_mapping(cfg.rebalance.step_keep, "rebalance.step_keep", int)
     ST.parse_mapping(cfg.rebalance.max_share, "rebalance.max_share")

@@ -1,7 +1,7 @@
 """Who answers the curation prompts: a pluggable :class:`Sampler` per stage.
 
 * :class:`ModelSampler` ("model"): our checkpoint, batched and sharded over the mesh
-  exactly like RL sampling (``train.rl_loop.rollout``: G copies of each prompt row,
+  exactly like RL sampling (``train.rl.phases.rollout``: G copies of each prompt row,
   prompts widened to the width every process agrees on, images joined across processes,
   results back per process). A collective: with several processes every process calls
   :meth:`ModelSampler.sample` together, with the same number of rows.
@@ -23,7 +23,6 @@ import math
 from typing import Any, Protocol, Sequence
 
 import jax
-import ml_collections as mlc
 import numpy as np
 from PIL import Image
 
@@ -36,8 +35,10 @@ from guilibra_jax.data import images as I
 from guilibra_jax.data import prompts as P
 from guilibra_jax.data import samples as S
 from guilibra_jax.data import tokenize as T
-from guilibra_jax.train import rl_loop as RL
-from guilibra_jax.train import rollout as RO
+from guilibra_jax.train.config import base_config
+from guilibra_jax.train.rl import phases as PH
+from guilibra_jax.train.rl import setup as RS
+from guilibra_jax.train.rl import rollout as RO
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +97,7 @@ class ModelSampler:
                                           max_pixels=d.max_pixels or None, model_config=model_config)
         self.ids = T.SpecialIds.of(tokenizer)
         self.ids.check_model(model_config)
-        self.pad_id, self.stop = RL.special_ids(tokenizer, model_config)
+        self.pad_id, self.stop = RS.special_ids(tokenizer, model_config)
         self.banned = RO.vision_token_ids(model_config)
         self.patch_bucket = int(d.patch_bucket)
         self.max_prompt = int(max_prompt_tokens or d.max_length)
@@ -138,14 +139,14 @@ class ModelSampler:
         return self._encode_image("", P.IMAGE_PLACEHOLDER + "\n.", Image.new("RGB", (side, side), "white"))
 
     @functools.lru_cache(maxsize=16)
-    def _stage2(self, params: SamplingParams) -> RL.Stage2:
+    def _stage2(self, params: SamplingParams) -> RS.Stage2:
         """The RL loop's sampling context for n responses per prompt (no update, no frozen models)."""
-        cfg = mlc.ConfigDict({"method": self.spec.method, "rl": {"group_size": params.n},
-                              "data": {"patch_bucket": self.patch_bucket}})
+        cfg = base_config()
+        cfg.method, cfg.rl.group_size, cfg.data.patch_bucket = self.spec.method, params.n, self.patch_bucket
         sampling = G.SamplingConfig(temperature=params.temperature, top_p=params.top_p,
                                     max_new_tokens=params.max_new_tokens, stop_token_ids=self.stop,
                                     pad_token_id=self.pad_id, banned_token_ids=self.banned)
-        return RL.Stage2(cfg, self.mesh, self.graphdef, self.model_config, self.tokenizer, sampling, {}, None,
+        return RS.Stage2(cfg, self.mesh, self.graphdef, self.model_config, self.tokenizer, sampling, {}, None,
                          self.pad_id, self.stop, self.banned, self.row_multiple)
 
     def sample(self, prompts: Sequence[Prompt], params: SamplingParams, seed: int) -> list[list[Reply]]:
@@ -162,7 +163,7 @@ class ModelSampler:
             row_valid[0] = True
         batch.update(row_valid=row_valid,
                      reward_targets=[None] * rows, platform=[""] * rows, resized_size=[(0, 0)] * rows)
-        ro = RL.rollout(self._stage2(params), self.params, batch, jax.random.PRNGKey(seed % (2 ** 31)))
+        ro = PH.rollout(self._stage2(params), self.params, batch, jax.random.PRNGKey(seed % (2 ** 31)))
         out = []
         for j, e in enumerate(encoded):
             if isinstance(e, str):

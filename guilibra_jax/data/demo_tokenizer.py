@@ -1,6 +1,6 @@
 """A small-vocabulary Qwen-style tokenizer for CPU demos.
 
-Tiny models learn in minutes only with a small vocabulary (NOTES.md). This trains a
+Tiny models learn in minutes only with a small vocabulary. This trains a
 byte-level BPE with the ``tokenizers`` library on the given texts, with Qwen2's
 pre-tokenizer (every digit its own token, so coordinates tokenise as in Qwen), keeps
 Qwen's special tokens (chat, vision, think, tool call) and the Qwen-VL chat template,

@@ -5,7 +5,8 @@ streaming pass over fixed-size chunks (memory: one chunk plus the longest elemen
 and :class:`JsonArrayIndex` caches those offsets (``index_cache``) and reads element
 ``i`` with ``os.pread``. A file that is not one JSON array (an element that does not
 parse, a comma out of place, text after the array, invalid UTF-8) raises
-:class:`errors.UserError` naming the file and byte offset, as loading it whole did.
+:class:`JsonArrayError` (a ``file_errors.DataFileError``, a ``UserError``) naming the
+file and byte offset, as loading it whole did.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import BinaryIO
 import numpy as np
 
 from guilibra_jax.data import index_cache
+from guilibra_jax.data.file_errors import DataFileError
 from guilibra_jax.data.jsonl import ByteRanges
-from guilibra_jax.errors import UserError
 
 INDEX_KIND = "json-array"
 INDEX_VERSION = 1
@@ -30,7 +31,7 @@ _WS = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
 
 
-class JsonArrayError(UserError):
+class JsonArrayError(DataFileError):
     """A file that is not one JSON array."""
 
 
@@ -129,3 +130,6 @@ class JsonArrayIndex(ByteRanges):
 
         arrays, self.from_cache = index_cache.cached_arrays(path, INDEX_KIND, INDEX_VERSION, build, cache_dir)
         super().__init__(path, arrays["starts"], arrays["ends"])
+
+    def label(self, i: int) -> str:
+        return f"element {i}"

@@ -4,15 +4,23 @@ of a JSON array) builds on the same :class:`ByteRanges`.
 
 Thread-safe (pread never moves a shared file position) and picklable (the descriptor
 is opened lazily per process and dropped on pickling), as grain's thread pool and
-worker processes need (NOTES.md).
+worker processes need.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 
 import numpy as np
+
+LINE_PIECE = 1 << 20     # lines are scanned in pieces of this size (a huge line is never held)
+SNIFF_ITEMS = 8          # items looked at to tell records from something else
+SNIFF_BYTES = 1 << 16    # an item longer than this that starts with '{' passes unparsed
+
+_KINDS = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+          type(None): "null"}
 
 
 class ByteRanges:
@@ -39,6 +47,38 @@ class ByteRanges:
         start, end = int(self._starts[i]), int(self._ends[i])
         return os.pread(self._get_fd(), end - start, start)
 
+    def label(self, i: int) -> str:
+        return f"item {i}"
+
+    def not_objects(self) -> str | None:
+        """None when one of the first items is a JSON object (or starts with '{' and is too
+        long to parse here), else what the first item is instead: a reader of records
+        tells a file of records from another kind of file before it counts bad records."""
+        why = None
+        for i in range(min(SNIFF_ITEMS, len(self))):
+            start, end = int(self._starts[i]), int(self._ends[i])
+            head = os.pread(self._get_fd(), min(end - start, SNIFF_BYTES), start)
+            text = head.lstrip()
+            if b"\x00" in head:
+                reason = "binary data"
+            elif not text.startswith(b"{"):
+                reason = f"starts with {text[:24].decode('utf-8', 'replace')!r}, not '{{'" + (
+                    " (a JSON array? data.format=guilibra_sft reads them from .json files)"
+                    if text.startswith(b"[") else "")
+            elif end - start > SNIFF_BYTES:
+                return None
+            else:
+                try:
+                    value = json.loads(head)
+                except ValueError as e:    # JSONDecodeError, UnicodeDecodeError
+                    reason = f"not valid JSON ({str(e)[:80]})"
+                else:
+                    if isinstance(value, dict):
+                        return None
+                    reason = f"a JSON {_KINDS.get(type(value), type(value).__name__)}, not an object"
+            why = why or f"{self.label(i)}: {reason}"
+        return why
+
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_fd"] = None
@@ -60,21 +100,35 @@ class ByteRanges:
 
 class JsonlIndex(ByteRanges):
     """Line ``i`` (non-blank lines only) of a JSONL file as bytes; ``line_number(i)`` is
-    its 1-based line number in the file."""
+    its 1-based line number in the file. Indexing reads the file in pieces of
+    ``LINE_PIECE`` bytes, so a file without newlines (binary data) is not held whole."""
 
     def __init__(self, path: str):
         starts, ends, lines = [], [], []
         with open(path, "rb") as f:
             pos, lineno = 0, 0
-            for raw in f:
+            while True:
+                piece = f.readline(LINE_PIECE)
+                if not piece:
+                    break
                 lineno += 1
-                if raw.strip():
-                    starts.append(pos)
-                    ends.append(pos + len(raw.rstrip(b"\r\n")))
+                start, blank = pos, not piece.strip()
+                pos += len(piece)
+                while not piece.endswith(b"\n"):
+                    piece = f.readline(LINE_PIECE)
+                    if not piece:
+                        break
+                    blank = blank and not piece.strip()
+                    pos += len(piece)
+                if not blank:
+                    starts.append(start)
+                    ends.append(pos - (len(piece) - len(piece.rstrip(b"\r\n"))))
                     lines.append(lineno)
-                pos += len(raw)
         super().__init__(path, starts, ends)
         self._lines = np.asarray(lines, np.int64)
 
     def line_number(self, i: int) -> int:
         return int(self._lines[i])
+
+    def label(self, i: int) -> str:
+        return f"line {self.line_number(i)}"

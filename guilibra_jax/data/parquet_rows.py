@@ -7,9 +7,13 @@ group that holds row ``i`` and only the columns asked for, then slices out the r
 The last group read per column set is kept, so neighbouring rows cost one read.
 
 Memory per process is therefore bounded by the largest row group (times the reading
-threads), whatever the size of the file; a file whose row groups exceed
+threads), whatever the size of the file: reading a group holds about 5 times its bytes
+while pyarrow decodes it (measured, pyarrow 26: ~50 MB for a group of 8 MB, ~1 GB for
+one of 200 MB; ``tests/data/test_reader_memory.py`` checks that opening a file and
+reading a row costs the same for 20 and 200 rows of 1 MB). A file whose row groups exceed
 ``max_row_group_mb`` raises :class:`RowGroupTooLarge`, whose message gives the
-``launch.convert_data`` command that rewrites the file with smaller row groups.
+``launch.convert_data`` command that rewrites the file with smaller row groups. A file
+pyarrow cannot open (not parquet, a truncated footer) raises ``DataFileError`` naming it.
 
 Worker-safe: the file is opened lazily in each process and dropped on pickling;
 reads through one open file are serialised by a lock.
@@ -26,12 +30,12 @@ from typing import Any, BinaryIO, Callable, Sequence
 import numpy as np
 
 from guilibra_jax.data import index_cache
-from guilibra_jax.errors import UserError
+from guilibra_jax.data.file_errors import DataFileError, one_line, os_error_words
 
 log = logging.getLogger(__name__)
 
 INDEX_KIND = "parquet-row-groups"
-INDEX_VERSION = 1
+INDEX_VERSION = 2          # 2: column types
 DEFAULT_MAX_ROW_GROUP_MB = 256.0   # refuse row groups larger than this (read one at a time)
 SLOW_ROW_GROUP_MB = 64.0           # larger groups read fine but cost that much I/O per sample
 # Row groups written here (writers, launch.convert_data): reading a row costs about 1 ms of
@@ -40,7 +44,7 @@ SLOW_ROW_GROUP_MB = 64.0           # larger groups read fine but cost that much 
 DEFAULT_ROW_GROUP_MB = 8
 
 
-class RowGroupTooLarge(UserError):
+class RowGroupTooLarge(DataFileError):
     """A parquet file whose row groups are too large to read one at a time."""
 
 
@@ -52,13 +56,37 @@ def rewrite_command(path: str, row_group_mb: int = DEFAULT_ROW_GROUP_MB) -> str:
             f"--output={shlex.quote(out)} --row_group_mb={row_group_mb}")
 
 
+def parquet_error_words(e: Exception) -> str:
+    """What pyarrow's error on opening a file says about it, in a few words."""
+    msg = one_line(str(e), 200)
+    low = msg.lower()
+    if "magic bytes not found" in low:
+        return f"not a parquet file ({msg})"
+    if "size is 0 bytes" in low:
+        return "an empty file, not a parquet file"
+    if isinstance(e, OSError) and e.errno is not None:
+        return os_error_words(e)
+    if any(w in low for w in ("thrift", "footer", "metadata", "deserialize", "out of bounds", "truncated")):
+        return f"a truncated or corrupt parquet file ({msg})"
+    return f"cannot be read as parquet ({type(e).__name__}: {msg})"
+
+
 def _build_index(path: str) -> dict[str, np.ndarray]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
-    md = pq.ParquetFile(path).metadata
+    if os.path.isdir(path):
+        raise DataFileError(f"{path}: a folder, not a parquet file")
+    try:
+        pf = pq.ParquetFile(path)
+        md = pf.metadata
+        schema = pf.schema_arrow
+    except (OSError, ValueError, NotImplementedError, pa.ArrowException) as e:
+        raise DataFileError(f"{path}: {parquet_error_words(e)}") from e
     rows = np.asarray([md.row_group(g).num_rows for g in range(md.num_row_groups)], np.int64)
     nbytes = np.asarray([md.row_group(g).total_byte_size for g in range(md.num_row_groups)], np.int64)
     return {"starts": np.concatenate([[0], np.cumsum(rows)]).astype(np.int64), "bytes": nbytes,
-            "columns": np.asarray(md.schema.to_arrow_schema().names, dtype=str)}
+            "columns": np.asarray(schema.names, dtype=str),
+            "types": np.asarray([str(f.type) for f in schema], dtype=str)}
 
 
 class ParquetRows:
@@ -75,6 +103,7 @@ class ParquetRows:
         self._starts = arrays["starts"]
         self._bytes = arrays["bytes"]
         self.columns: list[str] = [str(c) for c in arrays["columns"]]
+        self.types: dict[str, str] = dict(zip(self.columns, (str(t) for t in arrays["types"])))
         self.max_row_group_mb = float(max_row_group_mb)
         self.open_file = open_file
         self._check_sizes()

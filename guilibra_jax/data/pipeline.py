@@ -40,6 +40,7 @@ class DataConfig:
     """Knobs of a loader. ``inputs``: files, folders or globs in ``format``."""
 
     inputs: Any = ()
+    inputs_key: str | None = None          # the config key naming the inputs, for file errors
     format: str = "native"                 # native | guilibra_sft | guilibra_rl | uni_gui
     method: str = "guilibra"               # guilibra (<answer> JSON) | mopd (tool calls)
     image_root: str | None = None          # guilibra_sft: folder relative image paths start from
@@ -224,7 +225,7 @@ def _make_loader(cfg: Any, tokenizer: Any, model_config: Any, rl: bool, shard_in
     img_cfg = I.PixelBudgets.from_config(cfg.min_pixels, cfg.max_pixels, cfg.pixels).for_family(family, model_config)
     if source is None:
         source = R.open_source(cfg.inputs, cfg.format, image_root=cfg.image_root,
-                               include_unused=cfg.include_unused)
+                               include_unused=cfg.include_unused, config_key=cfg.inputs_key)
     index, info = build_index(source, cfg, rl)
     si, sc = _shard_args(cfg, shard_index, shard_count)
     if not 0 <= si < sc:

@@ -23,9 +23,10 @@ import re
 from typing import Any, Sequence
 
 from guilibra_jax import actions as A
+from guilibra_jax import choices as CH
 
 IMAGE_PLACEHOLDER = "<image>"
-METHODS = ("guilibra", "mopd")
+METHODS = CH.TARGET_FORMATS   # the target formats (config key data.method)
 
 GUILIBRA_SYSTEM_HEADER = (
     "You are a GUI agent. You are given a task and a screenshot of the screen. You need to "
@@ -198,7 +199,7 @@ def mopd_user_text(platform: str, instruction: str, history: Sequence[str]) -> s
 
 ASSISTANT_START = "<|im_start|>assistant\n"
 THINK_OPEN = "<think>\n"
-OPEN_THINK_SETTINGS = ("auto", "on", "off")
+OPEN_THINK_SETTINGS = CH.OPEN_THINK
 
 
 def chat_prompt_text(system: str, user: str, generation_prefix: str = "") -> str:

@@ -11,6 +11,12 @@ Memory does not grow with the data: every format is read record by record throug
 an index (byte offsets of JSONL lines or JSON array elements, parquet row groups,
 Uni-GUI (episode, step) pairs); no reader loads a whole file or table, and
 screenshots are read only when a sample is built.
+
+A file that is not what its format says (not parquet, a truncated footer, missing
+columns, not a JSON array, not JSONL, no records, a folder with no matching files, no
+such file, permission denied) raises :class:`file_errors.DataFileError` on one line
+naming it when the source is opened; ``open_source(..., config_key=)`` names the config
+key too.
 """
 
 from __future__ import annotations
@@ -26,17 +32,19 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from guilibra_jax import actions as A
+from guilibra_jax.choices import DATA_FORMATS
 from guilibra_jax.data import bad_records as B
 from guilibra_jax.data import images as I
 from guilibra_jax.data import prompts as P
+from guilibra_jax.data.file_errors import DataFileError, one_line, os_error_words
 from guilibra_jax.data.json_array import JsonArrayIndex
-from guilibra_jax.data.jsonl import JsonlIndex
+from guilibra_jax.data.jsonl import ByteRanges, JsonlIndex
 from guilibra_jax.data.parquet_rows import DEFAULT_MAX_ROW_GROUP_MB, ParquetRows
 from guilibra_jax.data.native import RecordError, StepRecord, record_from_dict
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("native", "guilibra_sft", "guilibra_rl", "uni_gui")
+FORMATS = DATA_FORMATS   # the record formats (guilibra_jax/choices.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +114,13 @@ class _LightMetaSource(StepSource):
         return meta_of(self._convert(i, False))
 
 
+def _check_objects(index: ByteRanges, path: str, what: str) -> None:
+    """DataFileError unless the first items of ``index`` include a JSON object."""
+    why = index.not_objects()
+    if why is not None:
+        raise DataFileError(f"{path}: not {what}: {why}")
+
+
 # --------------------------------------------------------------------------------------
 # Native JSONL
 # --------------------------------------------------------------------------------------
@@ -115,6 +130,7 @@ class NativeJsonlSource(StepSource):
 
     def __init__(self, path: str):
         self.index = JsonlIndex(path)
+        _check_objects(self.index, path, "native JSONL records (one JSON object per line)")
         self.base_dir = os.path.dirname(self.index.path)
 
     def __len__(self) -> int:
@@ -158,6 +174,8 @@ class _SftItems:
         self.is_jsonl = self.path.endswith(".jsonl")
         self._jsonl: JsonlIndex | None = JsonlIndex(self.path) if self.is_jsonl else None
         self._array: JsonArrayIndex | None = None if self.is_jsonl else JsonArrayIndex(self.path, cache_dir)
+        _check_objects(self._jsonl if self._jsonl is not None else self._array, path,
+                       "GUI-Libra SFT records ({\"image\", \"conversations\"} objects)")
 
     def __len__(self) -> int:
         return len(self._jsonl if self._jsonl is not None else self._array)
@@ -359,6 +377,22 @@ def guilibra_rl_to_native(row: Mapping[str, Any], where: str, *, with_image: boo
 _RL_COLUMNS = ("images", "system_prompt", "context", "data_source", "answer", "extra_info")
 
 
+def _check_rl_schema(path: str, types: Mapping[str, str]) -> None:
+    """DataFileError unless the parquet columns (name -> arrow type) hold GUI-Libra RL
+    rows: ``images`` with bytes, ``answer`` a struct or JSON string."""
+    missing = [c for c in ("images", "answer") if c not in types]
+    if missing:
+        raise DataFileError(f"{path}: not GUI-Libra RL parquet: no column {' or '.join(map(repr, missing))} "
+                            f"(its columns: {', '.join(types) or 'none'})")
+    if "binary" not in types["images"]:
+        raise DataFileError(f"{path}: not GUI-Libra RL parquet: column 'images' is {types['images']}, expected "
+                            f"image bytes (binary, a list of binary, or {{bytes, path}} structs)")
+    answer = types["answer"]
+    if not (answer in ("string", "large_string") or (answer.startswith("struct<") and "gt_action" in answer)):
+        raise DataFileError(f"{path}: not GUI-Libra RL parquet: column 'answer' is {answer}, expected a struct "
+                            f"with gt_action or a JSON string")
+
+
 class GuiLibraRlSource(_LightMetaSource):
     """GUI-Libra RL parquet rows (``images``, ``system_prompt``, ``context``,
     ``data_source``, ``answer``, optional ``extra_info``).
@@ -374,6 +408,7 @@ class GuiLibraRlSource(_LightMetaSource):
         self.rows = ParquetRows(path, max_row_group_mb=max_row_group_mb, cache_dir=index_cache,
                                 open_file=open_file)
         self.path = self.rows.path
+        _check_rl_schema(path, self.rows.types)
         self._columns = [c for c in _RL_COLUMNS if c in self.rows.columns]
         self._meta_columns = [c for c in self._columns if c != "images"]
 
@@ -392,6 +427,8 @@ class GuiLibraRlSource(_LightMetaSource):
             return B.Dropped(B.INVALID_JSON, where, str(e)[:200])
         except _RECORD_ERRORS as e:
             return _dropped_from_error(e, where)
+        except (OSError, NotImplementedError) as e:   # a row group pyarrow cannot decode
+            return B.Dropped(B.INVALID_RECORD, where, f"unreadable row group: {one_line(str(e), 180)}")
 
 
 # --------------------------------------------------------------------------------------
@@ -591,21 +628,37 @@ class UniGuiSource(_LightMetaSource):
     def __init__(self, root: str | Sequence[str], include_unused: bool = False):
         roots = [root] if isinstance(root, str) else list(root)
         paths: list[str] = []
+        given: set[str] = set()       # task.json files named directly: unreadable is an error
         for r in roots:
-            r = os.path.abspath(r)
-            if os.path.isfile(r):
-                paths.append(r)
-            else:
-                paths.extend(sorted(glob.glob(os.path.join(r, "**", "task.json"), recursive=True)))
+            a = os.path.abspath(r)
+            if os.path.isfile(a):
+                paths.append(a)
+                given.add(a)
+                continue
+            found = sorted(p for p in glob.glob(os.path.join(a, "**", "task.json"), recursive=True)
+                           if os.path.isfile(p))
+            if not found:
+                raise DataFileError(f"{r}: no such file or folder" if not glob.has_magic(r) and not os.path.exists(a)
+                                    else f"{r}: no task.json under it (Uni-GUI episodes are folders holding a "
+                                         f"task.json)")
+            paths.extend(found)
         self.episodes = paths
         episode, step = [], []        # step -1: an unreadable task.json
         self.skipped = {"deleted_episode": 0, "deleted_step": 0, "unused_step": 0}
+        first_error = None
         for e, p in enumerate(paths):
             try:
                 task = self._read_task(p)
                 steps = task["data"]
+                if not isinstance(steps, list):
+                    raise TypeError(f"'data' is a {type(steps).__name__}, not a list of steps")
                 flags = [(bool(s.get("is_delete")), s.get("is_use") is False) for s in steps]
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+                why = os_error_words(err) if isinstance(err, OSError) else (
+                    f"no key {err}" if isinstance(err, KeyError) else one_line(str(err), 160))
+                if p in given:
+                    raise DataFileError(f"{p}: not a Uni-GUI task.json ({type(err).__name__}: {why})") from err
+                first_error = first_error or f"{p}: not a Uni-GUI task.json ({type(err).__name__}: {why})"
                 episode.append(e)
                 step.append(-1)
                 continue
@@ -620,6 +673,12 @@ class UniGuiSource(_LightMetaSource):
                 else:
                     episode.append(e)
                     step.append(k)
+        if first_error is not None and all(k < 0 for k in step):
+            raise DataFileError(f"{first_error}; no task.json under {', '.join(map(str, roots))} could be read")
+        if not step:
+            skipped = ", ".join(f"{k}={v}" for k, v in self.skipped.items() if v)
+            raise DataFileError(f"{', '.join(map(str, roots))}: no usable Uni-GUI steps in {len(paths)} "
+                                f"task.json file(s)" + (f" (left out: {skipped})" if skipped else " (no steps)"))
         self._episode = np.asarray(episode, np.int32)
         self._step = np.asarray(step, np.int32)
         self._cache: dict[str, Any] = {}
@@ -714,37 +773,77 @@ class ConcatSource(StepSource):
 
 
 def expand_paths(paths: str | Sequence[str], exts: Iterable[str]) -> list[str]:
-    """Files named by ``paths``: files, folders (their ``*ext`` files) or globs."""
+    """Files named by ``paths``: files, folders (their ``*ext`` files) or globs. A path
+    that names nothing (no such file, a folder without such files, a glob matching none)
+    raises :class:`DataFileError`."""
+    exts = tuple(exts)
     out: list[str] = []
     for p in [paths] if isinstance(paths, str) else paths:
-        if any(ch in p for ch in "*?["):
-            out.extend(sorted(glob.glob(p)))
+        if glob.has_magic(p):
+            hits = sorted(glob.glob(p))
+            if not hits:
+                raise DataFileError(f"{p}: the pattern matches no file")
+            out.extend(hits)
         elif os.path.isdir(p):
-            out.extend(sorted(f for e in exts for f in glob.glob(os.path.join(p, f"*{e}"))))
+            hits = sorted(f for e in exts for f in glob.glob(os.path.join(p, f"*{e}")))
+            if not hits:
+                raise DataFileError(f"{p}: a folder with no {' or '.join('*' + e for e in exts)} files")
+            out.extend(hits)
+        elif not os.path.exists(p):
+            raise DataFileError(f"{p}: no such file or folder")
         else:
             out.append(p)
     if not out:
-        raise FileNotFoundError(f"no input files match {paths!r}")
+        raise DataFileError(f"no input files in {paths!r}")
     return out
+
+
+def _opened(path: str, fmt: str, make) -> StepSource:
+    """``make(path)``, its errors as a :class:`DataFileError` naming ``path``; a file
+    without records is one too."""
+    try:
+        src = make(path)
+    except DataFileError:
+        raise
+    except OSError as e:
+        raise DataFileError(f"{path}: {os_error_words(e)}") from e
+    except (ValueError, NotImplementedError) as e:   # pyarrow's ArrowInvalid is a ValueError
+        raise DataFileError(f"{path}: cannot be read as {fmt} ({type(e).__name__}: {one_line(str(e), 200)})") from e
+    if len(src) == 0:
+        raise DataFileError(f"{path}: holds no records (an empty file?)")
+    return src
 
 
 def open_source(paths: str | Sequence[str], fmt: str, *, image_root: str | None = None,
                 include_unused: bool = False, index_cache: str | None = None,
-                max_row_group_mb: float = DEFAULT_MAX_ROW_GROUP_MB) -> StepSource:
+                max_row_group_mb: float = DEFAULT_MAX_ROW_GROUP_MB, config_key: str | None = None) -> StepSource:
     """A random-access source of native records over ``paths`` (files, folders or globs)
     in format ``fmt`` (one of :data:`FORMATS`). ``index_cache``: folder of the cached
     JSON-array / parquet indexes (default: :func:`index_cache.default_cache_dir`);
-    ``max_row_group_mb``: the largest parquet row group a reader accepts."""
-    if fmt == "native":
-        srcs: list[StepSource] = [NativeJsonlSource(p) for p in expand_paths(paths, (".jsonl",))]
-    elif fmt == "guilibra_sft":
-        srcs = [GuiLibraSftSource(p, image_root, index_cache=index_cache)
-                for p in expand_paths(paths, (".json", ".jsonl"))]
-    elif fmt == "guilibra_rl":
-        srcs = [GuiLibraRlSource(p, max_row_group_mb=max_row_group_mb, index_cache=index_cache)
-                for p in expand_paths(paths, (".parquet",))]
-    elif fmt == "uni_gui":
-        return UniGuiSource(paths, include_unused=include_unused)
-    else:
+    ``max_row_group_mb``: the largest parquet row group a reader accepts.
+
+    A path that cannot be opened or indexed as ``fmt`` raises :class:`DataFileError`
+    naming it, after ``config_key`` (the config key or flag that named the files, e.g.
+    ``data.train_files``) when given: ``data.train_files (format guilibra_rl):
+    /data/x.parquet: not a parquet file (...)``. Bad records in a readable file are
+    ``Dropped`` markers, not errors."""
+    if fmt not in FORMATS:
         raise ValueError(f"unknown data format {fmt!r}; expected one of {FORMATS}")
+    try:
+        if fmt == "native":
+            srcs: list[StepSource] = [_opened(p, fmt, NativeJsonlSource) for p in expand_paths(paths, (".jsonl",))]
+        elif fmt == "guilibra_sft":
+            srcs = [_opened(p, fmt, lambda q: GuiLibraSftSource(q, image_root, index_cache=index_cache))
+                    for p in expand_paths(paths, (".json", ".jsonl"))]
+        elif fmt == "guilibra_rl":
+            srcs = [_opened(p, fmt, lambda q: GuiLibraRlSource(q, max_row_group_mb=max_row_group_mb,
+                                                                index_cache=index_cache))
+                    for p in expand_paths(paths, (".parquet",))]
+        else:
+            return _opened(paths if isinstance(paths, str) else ", ".join(map(str, paths)), fmt,
+                           lambda _: UniGuiSource(paths, include_unused=include_unused))
+    except DataFileError as e:
+        if config_key:
+            e.args = (f"{config_key} (format {fmt}): {e}",) + e.args[1:]
+        raise
     return srcs[0] if len(srcs) == 1 else ConcatSource(srcs)

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from guilibra_jax import choices as CH
 from guilibra_jax.data import prompts as P
 
 PROMPT, REASONING, ACTION, GROUNDING = 0, 1, 2, 3
@@ -36,7 +37,7 @@ SEGMENT_NAMES = {PROMPT: "prompt", REASONING: "reasoning", ACTION: "action", GRO
 # "point_2d": by 2 x action_weight (see target_weight_flags).
 IN_ANSWER, AFTER_POINT = 4, 8
 PART_MASK = 3
-WEIGHTINGS = ("paper", "release")
+WEIGHTINGS = CH.WEIGHTINGS   # the ASFT weightings (guilibra_jax/choices.py)
 
 _THINK_SPAN_RE = re.compile(r"\A\s*(<(think|thinking)>.*?</\2>)", re.DOTALL)
 _OPENED_THINK_SPAN_RE = re.compile(r"\A(.*?</(think|thinking)>)", re.DOTALL)

@@ -5,6 +5,10 @@ Fields the GUI-Libra formats lack travel in a ``meta`` object (SFT) or the
 ``extra_info`` JSON column (RL): trajectory id, step, platform, split, boxes, tool call,
 alternatives. Coordinates are written unrounded by default (``round_coords=False``) so
 that a round trip keeps them up to float rounding; the releases use integers.
+
+Every output appears whole or not at all: written as ``<path>.tmp-<pid>`` (an SFT
+images folder as ``<stem>_images.tmp-<pid>``) and renamed into place when complete
+(``guilibra_jax.atomic``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 from typing import Any, Iterable, Sequence
 
 from guilibra_jax import actions as A
+from guilibra_jax import atomic
 from guilibra_jax.data import images as I
 from guilibra_jax.data import prompts as P
 from guilibra_jax.data.native import StepRecord
@@ -55,7 +60,7 @@ def write_native(records: Iterable[StepRecord], path: str) -> int:
     """Native JSONL; image paths relative to the output folder. Returns the count."""
     out_dir = os.path.dirname(os.path.abspath(path))
     n = 0
-    with open(path, "w", encoding="utf-8") as f:
+    with atomic.writing_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for r in records:
             d = r.to_dict()
             d["image"] = _json_image(r.image, out_dir)
@@ -97,23 +102,27 @@ def native_to_guilibra_sft(records: Iterable[StepRecord], path: str, *, round_co
     Inline images are written as PNG files into ``<path stem>_images/``."""
     out_dir = os.path.dirname(os.path.abspath(path))
     stem = os.path.splitext(os.path.abspath(path))[0]
+    images, twin = stem + "_images", stem + "_noreason.json"
+    parts = [(atomic.temp_name(images), images), (atomic.temp_name(twin), twin), (atomic.temp_name(path), path)]
+    for tmp, _ in parts:   # this process's leftovers
+        atomic.discard(tmp)
     items, twins = [], []
     for k, r in enumerate(records):
         if isinstance(r.image, str):
             image = _rel(r.image, out_dir)
         else:
-            os.makedirs(stem + "_images", exist_ok=True)
-            fname = os.path.join(stem + "_images", f"{k:07d}.png")
-            I.load_image(r.image).save(fname)
-            image = _rel(fname, out_dir)
+            os.makedirs(parts[0][0], exist_ok=True)
+            I.load_image(r.image).save(os.path.join(parts[0][0], f"{k:07d}.png"))
+            image = _rel(os.path.join(images, f"{k:07d}.png"), out_dir)   # its name once published
         items.append(sft_item(r, image, round_coords=round_coords))
         if noreason_twin:
             twins.append(sft_item(r, image, round_coords=round_coords, with_reasoning=False))
-    with open(path, "w", encoding="utf-8") as f:
+    with open(parts[2][0], "w", encoding="utf-8") as f:
         json.dump(items, f, ensure_ascii=False)
     if noreason_twin:
-        with open(stem + "_noreason.json", "w", encoding="utf-8") as f:
+        with open(parts[1][0], "w", encoding="utf-8") as f:
             json.dump(twins, f, ensure_ascii=False)
+    atomic.publish_together([p for p in parts if os.path.exists(p[0])])   # the JSON array last
     return len(items)
 
 
@@ -185,7 +194,7 @@ def native_to_guilibra_rl(records: Iterable[StepRecord], path: str, *,
     schema = rl_schema()
     limit = float(row_group_mb) * 2 ** 20
     n = 0
-    with parquet_writer(path, schema) as w:
+    with atomic.writing_file(path) as tmp, parquet_writer(tmp, schema) as w:
         rows: list[dict[str, Any]] = []
         size = 0
         for r in records:
@@ -215,12 +224,18 @@ def rewrite_parquet_row_groups(inputs: Sequence[str], path: str, *,
     schema = None
     written = groups = 0
     writer = None
+    tmp = atomic.temp_name(path)   # renamed to path when complete
     try:
         for src in inputs:
-            pf = pq.ParquetFile(src, buffer_size=1 << 23, pre_buffer=False)
+            try:
+                pf = pq.ParquetFile(src, buffer_size=1 << 23, pre_buffer=False)
+            except (OSError, ValueError) as e:   # pyarrow's errors: not parquet, a truncated footer
+                from guilibra_jax.data.file_errors import DataFileError
+                from guilibra_jax.data.parquet_rows import parquet_error_words
+                raise DataFileError(f"{src}: {parquet_error_words(e)}") from e
             if schema is None:
                 schema = pf.schema_arrow
-                writer = parquet_writer(path, schema)
+                writer = parquet_writer(tmp, schema)
             elif not pf.schema_arrow.equals(schema, check_metadata=False):
                 raise UserError(f"{src}: its columns differ from those of {inputs[0]}; "
                                 f"rewrite files with different schemas separately")
@@ -232,9 +247,13 @@ def rewrite_parquet_row_groups(inputs: Sequence[str], path: str, *,
                 writer.write_table(pa.Table.from_batches([b]), row_group_size=b.num_rows)
                 written += b.num_rows
                 groups += 1
+    except BaseException:
+        atomic.discard(tmp)
+        raise
     finally:
         if writer is not None:
             writer.close()
+    atomic.publish_file(tmp, path)
     return {"written": written, "row_groups": groups}
 
 

@@ -33,8 +33,8 @@ import dataclasses
 from typing import Sequence
 
 from guilibra_jax import actions as A
+from guilibra_jax.choices import PLATFORMS  # noqa: F401 (the platforms, defined once)
 
-PLATFORMS = ("desktop", "mobile")
 SWIPE_FRACTION = 0.3          # swipe length as a fraction of the screen side
 SCROLL_PIXELS = 5             # |pixels| of the computer_use scroll the expert writes
 DIRECTIONS = ("up", "down", "left", "right")

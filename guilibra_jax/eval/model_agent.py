@@ -43,6 +43,7 @@ import ml_collections as mlc
 from flax import nnx
 
 from guilibra_jax import actions as A
+from guilibra_jax import atomic
 from guilibra_jax import generate as G
 from guilibra_jax.data import native as N
 from guilibra_jax.data import prompts as P
@@ -295,6 +296,7 @@ def make_checkpoint_agent(workdir: str = "", hf_path: str = "", step: int = -1, 
                          f"folder); got workdir={workdir!r}, hf_path={hf_path!r}")
     if workdir and run_config:
         raise ValueError(f"{KEY}.run_config={run_config!r} is for hf_path; a workdir has its own config.json")
+    atomic.check_complete(hf_path, f"{KEY}.hf_path")   # not a half-written export or merge of ours
     if hf_path and not run_config and os.path.exists(os.path.join(hf_path, RUN_CONFIG_FILE)):
         run_config = os.path.join(hf_path, RUN_CONFIG_FILE)   # our exports carry their run's config
     if workdir or run_config:

@@ -1,4 +1,4 @@
-"""Offline step metrics of model responses on native step records (METHOD.md section 5).
+"""Offline step metrics of model responses on native step records (docs/method.md).
 
 A response is in either format (detected by a ``<tool_call>`` block): GUI-Libra
 ``<answer>`` JSON (point_2d in ``coord_space``) or a UI-MOPD tool call (its tool's

@@ -6,6 +6,8 @@ PNG figures into the study's workdir.
                                    Wilson intervals, offline step accuracy, the paper's rows
     guilibra_report(root, study)   ASFT ablations; GRPO arms: curves, every checkpoint's
                                    offline and online scores, Spearman offline vs online
+    distill_report(root, study)    on-policy distillation: KL over steps, offline accuracy
+                                   at checkpoints against the teachers, MOPD per platform
 
 ``study`` is the recipe module (``configs/study_<name>.py``): its model / run names and
 the paper's numbers.
@@ -199,4 +201,86 @@ def guilibra_report(root: str, study) -> dict:
     return _write(root, results, lines)
 
 
-REPORTS = {"mopd": mopd_report, "guilibra": guilibra_report}
+# ----------------------------------------------------------------------------- distillation
+
+def _window(curve: list[tuple[float, float]], n: int, last: bool) -> float | None:
+    vals = [v for _, v in (curve[-n:] if last else curve[:n])]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def distill_report(root: str, study) -> dict:
+    """(a) the desktop distillation: per-token KL to the teacher over steps (first vs last
+    window) and held-out offline accuracy at every checkpoint against the teacher's;
+    (b) MOPD with both teachers: offline and online per platform against each teacher;
+    the sweep that chose the estimator and lr."""
+    P = study.PLATFORMS
+    rows = {m: scores(_eval_entries(root, m)[0], P) for m in study.MODELS}
+    with open(os.path.join(root, study.CHOSEN)) as f:
+        choice = json.load(f)
+    w = study.SWEEP_WINDOW
+    kl = _curve(root, "distill_desktop", "kl")
+    kl_first, kl_last = _window(kl, w, last=False), _window(kl, w, last=True)
+    teacher_off = {p: rows[f"teacher_{p}"][p]["offline_step_success"] for p in P}
+    steps = [(0, rows["base"]["desktop"]["offline_step_success"])]
+    steps += [(int(e["name"].split("@")[1]), scores(e, P)["desktop"]["offline_step_success"])
+              for e in _eval_entries(root, "distill_desktop_steps")]
+    reach = next((st for st, acc in steps if acc is not None and teacher_off["desktop"]
+                  and acc >= 0.9 * teacher_off["desktop"]), None)
+    final_off = rows["distill_desktop"]["desktop"]["offline_step_success"]
+    targets = {
+        "(a) KL down at least 5x (first vs last window)": _ratio(kl_first, kl_last),
+        "(a) desktop offline accuracy / teacher's (final)": _ratio(final_off, teacher_off["desktop"]),
+        "(a) first checkpoint at >= 90% of the teacher": reach,
+    }
+    for p in P:
+        targets[f"(b) mopd {p} offline accuracy / teacher's"] = _ratio(rows["mopd"][p]["offline_step_success"],
+                                                                      teacher_off[p])
+    claims = {"(a) KL down >= 5x": "yes" if (targets["(a) KL down at least 5x (first vs last window)"] or 0) >= 5
+              else "no",
+              "(a) >= 90% of the teacher's desktop offline accuracy": "yes" if reach is not None else "no"}
+    for p in P:
+        r = targets[f"(b) mopd {p} offline accuracy / teacher's"]
+        claims[f"(b) >= 90% of teacher_{p}'s offline accuracy on {p}"] = "yes" if (r or 0) >= 0.9 else "no"
+        claims[f"(b) mopd online > base on {p}"] = _beats(rows["mopd"][p], rows["base"][p], strict=True)
+    results = {"study": "distill", "models": rows, "sweep": choice, "distill_desktop": {
+        "kl_first_window": kl_first, "kl_last_window": kl_last, "steps": len(kl),
+        "offline_desktop_by_step": steps, "teacher_offline": teacher_off}, "targets": targets, "claims": claims}
+    figs = {
+        "distill_kl": F.lines(os.path.join(root, "distill_kl.png"), "per-token KL to the teacher (training rollouts)",
+                              [("distill_desktop", kl), ("mopd", _curve(root, "mopd", "kl"))]
+                              + [(a, _curve(root, a, "kl")) for a in choice["arms"]]),
+        "distill_offline": F.lines(os.path.join(root, "distill_offline.png"),
+                                   "distill_desktop: held-out desktop offline step accuracy",
+                                   [("student", [(st, a) for st, a in steps if a is not None]),
+                                    ("teacher", [(steps[0][0], teacher_off["desktop"]),
+                                                 (steps[-1][0], teacher_off["desktop"])])]),
+    }
+    results["figures"] = {k: os.path.basename(v) for k, v in figs.items()}
+    lines = ["# On-policy distillation study on the synthetic world", "",
+             f"Sweep on training rollouts (mean per-token KL over the last {w} of "
+             f"{study.SWEEP_STEPS} steps; lower is better), chosen: **{choice['arm']}**", "",
+             "| arm | estimator | lr | KL first | KL last |", "|---|---|---|---|---|"]
+    for a, r in choice["arms"].items():
+        lines.append(f"| {a} | {r['estimator']} | {r['lr']:g} | {_fmt(r['kl_first'], 4)} | {_fmt(r['kl_last'], 4)} |")
+    lines += ["", "## Models (held-out tasks)", "",
+              "| model | " + " | ".join(f"{p} online" for p in P) + " | " + " | ".join(f"{p} offline" for p in P)
+              + " |", "|" + "---|" * (1 + 2 * len(P))]
+    for m in study.MODELS:
+        lines.append(f"| {m} | " + " | ".join(_cell(rows[m][p]) for p in P) + " | "
+                     + " | ".join(_fmt(rows[m][p]["offline_step_success"]) for p in P) + " |")
+    lines += ["", "## (a) distill_desktop: offline desktop step accuracy by step", "",
+              "| step | " + " | ".join(str(st) for st, _ in steps) + " |", "|" + "---|" * (1 + len(steps)),
+              "| accuracy | " + " | ".join(_fmt(a) for _, a in steps) + " |", "",
+              f"Teacher (desktop specialist): {_fmt(teacher_off['desktop'])}. KL first {w} steps "
+              f"{_fmt(kl_first, 4)}, last {w} steps {_fmt(kl_last, 4)}.", "", "## Targets", ""]
+    lines += [f"- {k}: {v if isinstance(v, (int, type(None))) else _fmt(v)}" for k, v in targets.items()]
+    lines += [""] + [f"- {k}: {v}" for k, v in claims.items()]
+    lines += ["", "Figures: " + ", ".join(f"![{k}]({v})" for k, v in results["figures"].items())]
+    return _write(root, results, lines)
+
+
+REPORTS = {"mopd": mopd_report, "guilibra": guilibra_report, "distill": distill_report}

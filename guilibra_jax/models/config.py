@@ -11,8 +11,9 @@ import json
 import os
 from typing import Any, Literal
 
+from guilibra_jax.choices import FAMILIES
+
 Family = Literal["qwen2_5_vl", "qwen3_vl"]
-FAMILIES = ("qwen2_5_vl", "qwen3_vl")
 
 
 @dataclasses.dataclass(frozen=True)

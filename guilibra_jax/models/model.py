@@ -10,6 +10,7 @@ from guilibra_jax.models.config import ModelConfig
 from guilibra_jax.models.layers import Linear
 from guilibra_jax.models.text import TextModel, init_cache
 from guilibra_jax import sharding as S
+from guilibra_jax.choices import REMATS
 from guilibra_jax.models.vision import VisionTower
 
 REMAT_POLICIES = {
@@ -19,6 +20,7 @@ REMAT_POLICIES = {
     "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
 }
+assert tuple(REMAT_POLICIES) == REMATS, "config key model.remat: guilibra_jax/choices.py and REMAT_POLICIES differ"
 
 
 class QwenVL(nnx.Module):

@@ -1,156 +1,404 @@
-"""The run config: defaults every recipe starts from, and validation that runs before
-anything heavy. Recipes in ``configs/`` call :func:`base_config` and override."""
+"""The run config: every key declared once in :data:`KEYS` with its default, its rule
+(type and range, checked before anything heavy starts) and one line of doc. Recipes in
+``configs/`` call :func:`base_config` (built from the table) and override; ``launch.train
+--help`` lists the keys and ``docs/config.md`` is generated from the table
+(``python -m guilibra_jax.train.config`` rewrites it)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
 import os
+import sys
+from typing import Any
 
 import ml_collections as mlc
 
-from guilibra_jax.errors import ConfigError  # noqa: F401 (raised through config_checks)
+from guilibra_jax import choices as CH
+from guilibra_jax.errors import ConfigError
 from guilibra_jax.train import config_checks as K
 
-FAMILIES = ("qwen2_5_vl", "qwen3_vl")
-REMATS = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable")
+DEMO_MIN_VOCAB = 276                         # = len(demo_tokenizer.QWEN_SPECIAL_TOKENS) + 256 bytes
 
 
-METHODS = ("sft", "grpo", "mopd")
-KL_KINDS = ("k1", "k2", "k3")
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """One config key: ``default`` (copied afresh into every :func:`base_config`),
+    ``rule`` (its type and range: :mod:`guilibra_jax.train.config_checks`) and ``doc``
+    (one line: what it does, its units, what 0 or '' means, which paper or release uses
+    what). ``any_type``: the value may change type (train.tensorboard: 'auto' or a bool),
+    so it is held in a fresh ``FieldReference`` of field type ``object``."""
+
+    default: Any
+    rule: K.Check
+    doc: str
+    any_type: bool = False
+
+    def fresh(self) -> Any:
+        if self.any_type:
+            return mlc.FieldReference(self.default, field_type=object)
+        return copy.deepcopy(self.default)
+
+
+_MESH_AXIS = K.Check(lambda v: isinstance(v, int) and (v >= 1 or v == -1), "a positive size or -1")
+
+
+def _pixel_bounds_ok(v) -> bool:
+    """data.pixels: platform -> (min, max) pixel counts, 0 <= min <= max (0: unset)."""
+    return hasattr(v, "items") and all(
+        isinstance(k, str) and isinstance(p, (tuple, list)) and len(p) == 2
+        and all(K._is_int(x) and x >= 0 for x in p) and not (p[0] and p[1] and p[0] > p[1])
+        for k, p in v.items())
+
+
+def _profile_steps_ok(v) -> bool:
+    """train.profile_steps: () or (start, stop) with 1 <= start < stop."""
+    return isinstance(v, (tuple, list)) and (len(v) == 0 or (
+        len(v) == 2 and all(K._is_int(x) for x in v) and 1 <= v[0] < v[1]))
+
+
+# Full key -> Key, in declaration order (docs/config.md and --help list them in this order).
+# Adding a key? One line here: default, rule, doc. Rules that involve several keys are
+# CROSS_CHECKS below; a section's longer explanation is its SECTIONS entry.
+KEYS: dict[str, Key] = {
+    "method": Key("sft", K.one_of(*CH.METHODS),
+                  "the trainer: sft (ASFT, GUI-Libra stage 1) | grpo (GUI-Libra stage 2) | mopd (UI-MOPD stage 2)"),
+    # ------------------------------------------------------------------ model
+    "model.hf_path": Key("", K.folder_or_empty("a Hugging Face checkpoint: config.json + *.safetensors"),
+                         "local Hugging Face folder to start from; '' = random init of model.name"),
+    "model.name": Key("tiny", K.Check(lambda v: isinstance(v, str) and v != "",
+                                      "'tiny' or a named size such as qwen2_5_vl_3b"),
+                      "'tiny' (model.tiny) or a named real size (qwen2_5_vl_3b, qwen3_vl_8b, ...) for a random init"),
+    "model.dtype": Key("bfloat16", K.one_of(*CH.DTYPE_NAMES), "compute dtype"),
+    "model.param_dtype": Key("float32", K.one_of(*CH.DTYPE_NAMES), "dtype of the master weights (and optimizer state)"),
+    "model.remat": Key("none", K.one_of(*CH.REMATS),
+                       "rematerialisation (activation checkpointing) policy of the layers: none, full or a "
+                       "jax.checkpoint_policies name"),
+    "model.scan_layers": Key(False, K.boolean(), "run the decoder layers and vision blocks as one scanned layer"),
+    "model.attention_block": Key(1024, K.integer(1),
+                                 "flash-attention tile; sequences longer than it attend blockwise"),
+    "model.mlp_chunk": Key(0, K.integer(0, note="(0 = whole rows)"),
+                           "MLPs of rows longer than this run in chunks of it (0 = whole rows)"),
+    "model.seed": Key(0, K.integer(0), "seed of the random init"),
+    "model.tiny.family": Key("qwen2_5_vl", K.one_of(*CH.FAMILIES), "architecture family of the tiny model"),
+    "model.tiny.hidden": Key(128, K.integer(1), "text hidden size"),
+    "model.tiny.intermediate": Key(256, K.integer(1), "text MLP size"),
+    "model.tiny.layers": Key(2, K.integer(1), "text decoder layers"),
+    "model.tiny.heads": Key(4, K.integer(1), "attention heads (head size hidden / heads, even)"),
+    "model.tiny.kv_heads": Key(2, K.integer(1), "key / value heads (grouped-query attention; divides heads)"),
+    "model.tiny.vision_depth": Key(2, K.integer(1), "vision tower blocks"),
+    "model.tiny.vision_hidden": Key(64, K.integer(1), "vision hidden size"),
+    "model.tiny.vision_intermediate": Key(128, K.integer(1), "vision MLP size"),
+    "model.tiny.vision_heads": Key(4, K.integer(1), "vision attention heads"),
+    "model.tiny.tie": Key(True, K.boolean(), "tie the LM head to the token embedding"),
+    "model.tiny.mrope_section": Key((), K.integers(1, lengths=(0, 3), note="(t, h, w) sizes summing to head_dim / 2"),
+                                    "M-RoPE (t, h, w) sections of head_dim / 2; () = the default split"),
+    # ------------------------------------------------------------------ tokenizer
+    "tokenizer.path": Key("", K.folder_or_empty("a tokenizer folder; '' = the model folder's"),
+                          "tokenizer folder; '' = the model folder's tokenizer"),
+    # ------------------------------------------------------------------ data
+    "data.format": Key("native", K.one_of(*CH.DATA_FORMATS),
+                       "format of the record files (launch.convert_data converts between them)"),
+    "data.train_files": Key((), K.strings("files, folders or globs"), "training records: files, folders or globs"),
+    "data.eval_files": Key((), K.strings("files, folders or globs"),
+                           "held-out records for the periodic offline eval (native): files, folders or globs"),
+    "data.image_root": Key("", K.folder_or_empty("the folder relative image paths start from"),
+                           "guilibra_sft: the folder relative image paths start from"),
+    "data.method": Key("guilibra", K.one_of(*CH.TARGET_FORMATS),
+                       "the target format: guilibra (<think> + <answer> JSON) | mopd (Qwen3-VL tool calls)"),
+    "data.system_prompt": Key("", K.template(("platform", "actions")),
+                              "'' = the method's own system turn; else a template that may use {platform} and "
+                              "{actions} (a short one keeps CPU demos fast)"),
+    "data.mix": Key("both", K.probability_or("both", "reasoning", "direct"),
+                    "both (each step as a reasoning and a direct-action sample: 1:1) | reasoning | direct | a "
+                    "probability of keeping the reasoning, e.g. '0.5'"),
+    "data.max_length": Key(4096, K.integer(1),
+                           "tokens; longer samples are filtered (counted, never silently); RL: the prompt's length "
+                           "(the releases' max_prompt_length)"),
+    "data.seq_buckets": Key((), K.integers(1, note="padded lengths; () = one bucket of data.max_length"),
+                            "padded lengths; () = one bucket of data.max_length (no recompiles)"),
+    "data.patch_bucket": Key(2048, K.Check(lambda v: isinstance(v, int) and v >= 4 and v % 4 == 0,
+                                           "a positive multiple of 4 (2 x 2 patches merge into one token)"),
+                             "pixel (patch) rows per batch are rounded up to a multiple of this"),
+    "data.min_pixels": Key(0, K.integer(0, note="(0 = the family's default)"),
+                           "image processor's lower bound in pixels; 0 = the family's default"),
+    "data.max_pixels": Key(0, K.integer(0, note="(0 = the family's default)"),
+                           "image processor's upper bound in pixels; 0 = the family's default"),
+    "data.pixels": Key({}, K.Check(_pixel_bounds_ok, "platform -> (min, max) pixel counts with 0 <= min <= max "
+                                                     "(0: data.min_pixels / data.max_pixels)"),
+        "per-platform (min, max) pixel bounds, e.g. {'mobile': (40768, 548800)}; 0 or an unlisted platform: "
+        "data.min_pixels / data.max_pixels (data.images.PixelBudgets)"),
+    "data.open_think": Key("auto", K.one_of(*CH.OPEN_THINK),
+                           "prompts end with '<think>\\n' as Qwen3-VL-*-Thinking templates do: auto (the tokenizer's "
+                           "chat template decides) | on | off"),
+    "data.rebalance.step_keep": Key((), K.Check(lambda v: isinstance(v, (tuple, list)) and all(
+        K._is_number(p) and 0.0 <= p <= 1.0 for p in v), "keep probabilities in [0, 1], one per step index"),
+        "keep probability per step index, e.g. (0.3, 0.6): step 0 kept with 0.3, step 1 with 0.6, later steps "
+        "always; () = off"),
+    "data.rebalance.max_share": Key({}, K.Check(lambda v: hasattr(v, "items") and all(
+        K._is_number(x) and 0.0 < x < 1.0 for x in v.values()), "domain -> a share in (0, 1)"),
+        "largest share a domain may hold, e.g. {'mobile': 0.5}; {} = off"),
+    "data.rebalance.key": Key("platform", K.one_of(*CH.REBALANCE_KEYS),
+                              "the record field naming the domain: platform | source"),
+    "data.batch_size": Key(8, K.integer(1), "samples (RL: prompts) per step over all processes"),
+    "data.seed": Key(0, K.integer(0), "seed of the data pipeline (shuffle, sampling)"),
+    "data.workers": Key(0, K.integer(0), "data-loading worker processes (0 = in the training process)"),
+    "data.pack": Key(False, K.boolean(), "pack several samples into one row (SFT)"),
+    "data.max_bad_fraction": Key(0.05, K.number(0, 1),
+                                 "the run stops when more than this fraction of the records read are bad (skipped "
+                                 "and counted by reason)"),
+    "data.synthetic.enabled": Key(False, K.boolean(),
+                                  "the bundled synthetic world instead of data.train_files / data.eval_files"),
+    "data.synthetic.mix_with_files": Key(False, K.boolean(),
+                                         "train on the world and data.train_files both (native files only); files "
+                                         "given with the world without it are an error"),
+    "data.synthetic.platforms": Key(CH.PLATFORMS, K.Check(lambda v: isinstance(v, (tuple, list)) and len(v) > 0 and all(
+        p in CH.PLATFORMS for p in v), f"a non-empty tuple from {CH.PLATFORMS}"), "platforms of the world"),
+    "data.synthetic.tasks": Key(200, K.integer(1), "tasks generated"),
+    "data.synthetic.seed": Key(0, K.integer(0), "seed of the world"),
+    "data.synthetic.test_fraction": Key(0.2, K.number(0, 1, hi_open=True), "fraction of the tasks held out"),
+    "data.synthetic.tokenizer_vocab": Key(1024, K.integer(DEMO_MIN_VOCAB, note="(Qwen's special tokens + 256 bytes)"),
+                                          "vocabulary size of the demo tokenizer built for the world"),
+    # ------------------------------------------------------------------ loss (ASFT)
+    "loss.alpha_action": Key(2.0, K.number(0), "ASFT weight of action tokens"),
+    "loss.alpha_grounding": Key(4.0, K.number(0), "ASFT weight of grounding (coordinate) tokens"),
+    "loss.normalize": Key("sample", K.one_of(*CH.NORMALIZATIONS),
+                          "sample (the paper: per-sample weighted mean) | token (Σ w·nll / Σ w, the release's)"),
+    "loss.weighting": Key("paper", K.one_of(*CH.WEIGHTINGS),
+                          "paper: reasoning 1 / action alpha_action / coordinate digits alpha_grounding | release: "
+                          "x alpha_action inside <answer>, x alpha_grounding from \"point_2d\": on"),
+    "loss.logits_chunk": Key(128, K.integer(1, note="(loss positions per row per LM-head chunk)"),
+                             "loss positions per row per LM-head chunk (guilibra_jax/head_loss.py)"),
+    # ------------------------------------------------------------------ optim
+    "optim.lr": Key(1e-5, K.number(0, lo_open=True), "peak learning rate"),
+    "optim.warmup_steps": Key(0, K.integer(0), "steps of linear warmup from 0 to optim.lr"),
+    "optim.schedule": Key("cosine", K.one_of(*CH.SCHEDULES), "learning-rate schedule after the warmup"),
+    "optim.end_lr_fraction": Key(0.0, K.number(0, 1), "the schedule's final learning rate as a fraction of optim.lr"),
+    "optim.weight_decay": Key(0.0, K.number(0), "AdamW weight decay"),
+    "optim.b1": Key(0.9, K.number(0, 1, hi_open=True), "Adam beta1"),
+    "optim.b2": Key(0.999, K.number(0, 1, hi_open=True), "Adam beta2"),
+    "optim.eps": Key(1e-8, K.number(0, lo_open=True), "Adam epsilon"),
+    "optim.clip_norm": Key(1.0, K.number(0, note="(0 = no clipping)"), "global gradient-norm clip (0 = no clipping)"),
+    "optim.lr_multipliers": Key({}, K.regex_to_number(0.0), "parameter-path regex -> learning-rate factor"),
+    "optim.freeze": Key((), K.regexes("parameter paths not trained"), "parameter-path regexes not trained"),
+    # ------------------------------------------------------------------ rl (stage 2: grpo, mopd)
+    "rl.group_size": Key(8, K.integer(2, note="(group-relative advantages)"),
+                         "G responses per prompt (data.batch_size prompts per round)"),
+    "rl.temperature": Key(1.0, K.number(0, lo_open=True, note="(on-policy sampling)"), "sampling temperature"),
+    "rl.top_p": Key(0.98, K.number(0, 1, lo_open=True), "nucleus sampling (1.0 = off)"),
+    "rl.top_k": Key(0, K.integer(0, note="(0 = off)"), "top-k sampling (0 = off)"),
+    "rl.max_new_tokens": Key(256, K.integer(1), "response length limit in tokens"),
+    "rl.ppo_epochs": Key(1, K.integer(1), "passes over each round; optimizer updates per round = ppo_epochs x "
+                                          "minibatches"),
+    "rl.minibatches": Key(1, K.integer(1), "optimizer updates per pass over a round"),
+    "rl.clip_low": Key(0.2, K.number(0, 1, hi_open=True), "PPO ratio clip below: 1 - clip_low"),
+    "rl.clip_high": Key(0.2, K.number(0), "PPO ratio clip above: 1 + clip_high"),
+    "rl.aggregation": Key("token_mean", K.one_of(*CH.AGGREGATIONS),
+                          "how per-token terms become the loss (losses.aggregate_terms)"),
+    "rl.normalize_std": Key(True, K.boolean(), "group advantages (r - mean) / std; False: r - mean (UI-MOPD)"),
+    "rl.std_unbiased": Key(False, K.boolean(),
+                           "that std divides by G - 1 (torch.std; GUI-Libra's EasyR1) instead of G"),
+    "rl.dual_clip": Key(0.0, K.Check(lambda v: K._is_number(v) and (v == 0 or v > 1.0),
+                                     "0 (off) or a constant > 1 (the releases use 3.0 and 10.0)"),
+                        "dual-clip PPO constant c > 1 capping -A*ratio for A < 0 (EasyR1 3.0, UI-MOPD's veRL run "
+                        "10.0); 0 = off"),
+    "rl.kl_beta": Key(0.001, K.number(0, note="(the conservative recipe uses > 0)"),
+                      "GRPO: weight of the KL to the reference, its trust region (> 0 by design)"),
+    "rl.kl_kind": Key("k3", K.one_of(*CH.KL_KINDS), "GRPO: the KL estimator"),
+    "rl.kl_clamp": Key(10.0, K.number(0, note="(0 = no clamp)"), "clamp of the per-token KL (0 = no clamp)"),
+    "rl.reference": Key("", K.text("an HF folder, training workdir or random:<seed>; '' = the starting policy"),
+                        "GRPO: the frozen reference (HF folder, training workdir or random:<seed>); '' = the "
+                        "starting policy"),
+    "rl.sngs.enabled": Key(True, K.boolean(), "GRPO: success-adaptive negative gradient scaling"),
+    "rl.sngs.lambda0": Key(0.5, K.number(0, 1), "lambda = min(lambda0 + kappa * signal, 1)"),
+    "rl.sngs.kappa": Key(1.5, K.number(0), "lambda's slope in the group's signal"),
+    "rl.sngs.signal": Key("mean_reward", K.one_of(*CH.SNGS_SIGNALS),
+                          "the group's signal: mean_reward (the release) | success_rate (the paper's p^)"),
+    "rl.reward.w_fmt": Key(0.1, K.number(0, 1), "GRPO: total = w_fmt * format + (1 - w_fmt) * accuracy"),
+    "rl.reward.value_rule": Key("paper", K.one_of(*CH.REWARD_RULES),
+                                "GRPO typed values: paper (word F1 > 0.5) | release (token-set F1 >= 0.5 or one word "
+                                "inside the other; points strictly inside the box)"),
+    "rl.reward.point_tolerance": Key(0.05, K.number(0),
+                                     "GRPO: a point this close to the demo point counts when the demo has no box "
+                                     "(unit space: [0, 1] of the image side)"),
+    "rl.reward.format_rule": Key("paper", K.one_of(*CH.REWARD_RULES),
+                                 "GRPO format reward: paper (parses) | release (r1gui.py)"),
+    "rl.reward.mopd_rule": Key("strict", K.one_of(*CH.MOPD_REWARD_RULES),
+                               "MOPD reward: strict (ours) | release (gui_agent.py)"),
+    "rl.reward.check_tool_name": Key(True, K.boolean(), "MOPD: the type point needs the label's tool name too"),
+    "rl.teachers": Key({}, K.mapping_of_text("platform label -> teacher folder or random:<seed>; '*' = any other"),
+                       "MOPD: platform label -> HF folder, training workdir or random:<seed> ('*': any other)"),
+    "rl.teacher_model_name": Key("", K.text("a named size for launch.plan; '' = the policy's"),
+                                 "architecture of unset teachers for launch.plan (a named size); '' = the policy's"),
+    "rl.mopd.beta": Key(0.01, K.number(0), "weight of the teachers' distillation term"),
+    "rl.mopd.kl_mask_tau": Key(0.1, K.number(0, 1),
+                               "KL mask: groups whose pass rate exceeds it get no teachers' term"),
+    "rl.mopd.pass_floor": Key(0.01, K.number(0, 1),
+                              "advantages of groups whose pass rate is below it are zeroed (KL mask not off)"),
+    "rl.mopd.kl_mask": Key("paper", K.one_of(*CH.KL_MASKS),
+                           "adaptive KL mask and pass-rate floor: off (the UI-MOPD release script) | paper (the "
+                           "paper's method) | release (the release's off-by-default use_kl_loss_mask path)"),
+    "rl.mopd.estimator": Key("k3", K.one_of(*CH.MOPD_ESTIMATORS),
+                             "the distillation term (losses.mopd_loss): k3 (the paper, the release) | "
+                             "logratio_advantage (on-policy distillation) | full_kl (exact reverse KL)"),
+    "rl.mopd.task_reward": Key(True, K.boolean(),
+                               "False: every advantage 0, the teachers' term alone (distillation)"),
+    "rl.update_groups": Key(0, K.integer(0, note="(0 = every prompt of a round)"),
+                            "groups (prompts) per update over all processes; 0 = every prompt of the round"),
+    "rl.group_filter.enabled": Key(False, K.boolean(),
+                                   "DAPO-style dynamic sampling (UI-MOPD release: on): drop groups whose pass rate "
+                                   "is 0 or 1, sample more rounds"),
+    "rl.group_filter.max_rounds": Key(10, K.integer(0, note="(0 = no limit)"),
+                                      "rounds per update at most (0 = no limit, the release)"),
+    "rl.score_chunk": Key(0, K.integer(0, note="(0 = off)"),
+                          "vocabulary projection over T-chunks of this size when scoring (0 = off)"),
+    "rl.old_logprobs": Key("auto", K.one_of(*CH.OLD_LOGPROBS),
+                           "old-policy log-probs of the PPO ratio: auto (the sampler's own unless sampling is top-p "
+                           "/ top-k truncated) | sampler | recompute (a scoring pass)"),
+    "rl.generation_rows": Key(0, K.integer(0, note="(0 = a whole round per call)"),
+                              "rows (responses) per sampler call over all processes, bounding the KV cache (0 = a "
+                              "whole round in one call)"),
+    "rl.score_rows": Key(0, K.integer(0, note="(0 = a whole round per call)"),
+                         "rows per scoring call over all processes, bounding the scoring activations (0 = a whole "
+                         "round in one call)"),
+    "rl.share_prefill": Key(True, K.boolean(),
+                            "sample a prompt's G rows from one prefill (KV cache shared by the group); False: one "
+                            "prefill per row (G x the work)"),
+    "rl.world": Key("", K.one_of(*CH.RL_WORLDS),
+                    "where prompts come from: '' = the dataset (data.train_files / data.synthetic) | miniwob (live "
+                    "MiniWoB++ pages, GRPO)"),
+    "rl.online.workers": Key(2, K.integer(1, note="(browser processes per process)"),
+                             "browser processes per process (one live episode, one prompt each)"),
+    "rl.online.tasks": Key((), K.strings("MiniWoB++ task names with an expert; () = all of envs.miniwob.TASKS"),
+                           "task names; () = every task with an expert (envs.miniwob.TASKS)"),
+    "rl.online.scale": Key(1.0, K.number(0, lo_open=True, note="(device pixels per CSS pixel)"),
+                           "device pixels per CSS pixel (1: 160 x 210 screenshots)"),
+    "rl.online.max_steps": Key(0, K.integer(0, note="(0 = the task's own limit)"),
+                               "an episode ends (failed) after this many actions; 0 = the task's own limit "
+                               "(envs.miniwob.env: 10, click-checkboxes-large 16)"),
+    # ------------------------------------------------------------------ mesh
+    "mesh.data": Key(-1, _MESH_AXIS, "data-parallel axis size (-1 = the rest of the devices)"),
+    "mesh.fsdp": Key(1, _MESH_AXIS, "parameter-sharding (FSDP) axis size (-1 = the rest of the devices)"),
+    "mesh.tensor": Key(1, _MESH_AXIS, "tensor-parallel axis size (-1 = the rest of the devices)"),
+    # ------------------------------------------------------------------ train
+    "train.steps": Key(100, K.integer(1), "training steps (RL: rounds, each with its updates)"),
+    "train.grad_accum": Key(1, K.integer(1), "micro-batches per optimizer update (exact gradient accumulation)"),
+    "train.log_every": Key(10, K.integer(1), "steps between metrics rows"),
+    "train.checkpoint_every": Key(100, K.integer(1), "steps between checkpoints"),
+    "train.keep_checkpoints": Key(2, K.integer(1), "checkpoints kept (the newest)"),
+    "train.async_checkpoints": Key(True, K.boolean(), "write checkpoints in the background"),
+    "train.eval_every": Key(0, K.integer(0, note="(0 = no periodic eval)"),
+                            "steps between offline evals on held-out records (0 = no periodic eval)"),
+    "train.eval_samples": Key(64, K.integer(1), "held-out samples per eval"),
+    "train.eval_max_new_tokens": Key(96, K.integer(1), "response length limit of the eval, in tokens"),
+    "train.export": Key(True, K.boolean(), "Hugging Face export at the end"),
+    "train.export_dir": Key("", K.text("'' = workdir/export"), "folder of the export; '' = workdir/export"),
+    "train.tensorboard": Key("auto", K.Check(lambda v: v == "auto" or isinstance(v, bool),
+                                             "'auto' (when tensorboardX is installed), True or False"),
+                             "TensorBoard event files: 'auto' (if tensorboardX is installed) | True | False",
+                             any_type=True),
+    "train.progress": Key(True, K.boolean(), "a progress bar (steps, ETA, loss, tokens/s)"),
+    "train.max_skipped_updates": Key(10, K.integer(0, note="(0 = never stop)"),
+                                     "stop after this many consecutive non-finite updates (0 = never)"),
+    "train.memory_plan": Key(True, K.boolean(),
+                             "compile the run's programs ahead of time and write memory_plan.json"),
+    "train.allow_config_change": Key(False, K.boolean(),
+                                     "a rerun may change the run's config (recorded in config_history.jsonl)"),
+    "train.wandb.project": Key("", K.text("'' = off"), "Weights & Biases project; '' = off"),
+    "train.wandb.entity": Key("", K.text(), "W&B entity; '' = the default"),
+    "train.wandb.name": Key("", K.text(), "W&B run name; '' = the workdir's name"),
+    "train.wandb.mode": Key("online", K.one_of(*CH.WANDB_MODES), "W&B mode (offline: no network)"),
+    "train.wandb.tags": Key((), K.strings(), "W&B tags"),
+    "train.profile_steps": Key((), K.Check(_profile_steps_ok, "() or (start, stop) with 1 <= start < stop"),
+        "(start, stop): jax.profiler trace of steps start..stop-1 into workdir/profile; () = off"),
+    "train.compilation_cache_dir": Key("auto", K.text("'auto', '' (off) or a folder"),
+                                       "persistent XLA cache: 'auto' = workdir/compilation_cache, '' = off, or a path"),
+    "train.curves": Key(True, K.boolean(),
+                        "training curves (loss, held-out accuracy) as workdir/curves.png at the end"),
+    "print_only": Key(False, K.boolean(),
+                      "launch.train: print the resolved, validated config (and memory plan) and exit"),
+    # ------------------------------------------------------------------ hardware (what the recipe is sized for)
+    "hardware.name": Key("1 x CPU", K.text(), "the hardware in words, e.g. '1 x 8 H100 80GB'"),
+    "hardware.hosts": Key(1, K.integer(1), "hosts (processes)"),
+    "hardware.devices_per_host": Key(1, K.integer(1), "accelerators per host"),
+    "hardware.device_memory_gib": Key(0.0, K.number(0, note="(0 = unknown)"),
+                                      "memory per device in GiB (0 = unknown, e.g. a CPU)"),
+    "hardware.topology": Key("", K.text("a TPU slice such as 'v5p:2x2x2', or '' for none"),
+                             "a TPU slice ('v5p:2x2x2'): launch.plan compiles for it with the TPU compiler; '' = none"),
+    # ------------------------------------------------------------------ distributed
+    "distributed.coordinator_address": Key("", K.host_port(),
+                                           "host:port of process 0; '' = from the environment (JAX_COORDINATOR_"
+                                           "ADDRESS, SLURM, a TPU VM) or one process"),
+    "distributed.num_processes": Key(0, K.integer(0), "processes; 0 = from the environment (JAX_NUM_PROCESSES)"),
+    "distributed.process_id": Key(-1, K.integer(-1), "this process's id; -1 = from the environment (JAX_PROCESS_ID)"),
+    "distributed.local_device_ids": Key("", K.device_ids(),
+                                        "this process's devices, e.g. '0,1,2,3'; '' = all it sees"),
+}
+
+# One rule per key (the table's): full key -> check of its type and range.
+RULES: dict[str, K.Check] = {key: k.rule for key, k in KEYS.items()}
+
+# A section's longer explanation: the paragraph above its table in docs/config.md.
+SECTIONS: dict[str, str] = {
+    "": "Top-level keys. `method` picks the trainer; `print_only` (or `--dry_run`) stops after validation.",
+    "model": "The policy: a Hugging Face folder (`model.hf_path`, also a Hub id: `launch.train` resolves it) or a "
+             "random init of `model.name`.",
+    "model.tiny": "The random-init model of `model.name = 'tiny'` (no `model.hf_path`): CPU demos and tests.",
+    "data": "Records, prompts and batches. `data.batch_size` is the batch over all processes (SFT: samples; RL: "
+            "prompts per round) and must divide by the process count.",
+    "data.rebalance": "GUI-Libra's RL subset (`data.mixing.rebalance`), applied before `data.mix`.",
+    "data.synthetic": "The bundled synthetic world instead of `data.train_files` / `data.eval_files`; files given "
+                      "with it are an error unless `mix_with_files=True` (train on both: native files only).",
+    "loss": "ASFT (`method = sft`): GUI-Libra's action-aware token weights.",
+    "optim": "AdamW after a linear warmup, then `optim.schedule`. Regexes of `optim.lr_multipliers` and "
+             "`optim.freeze` must match parameter paths (checked where the model is built).",
+    "rl": "Stage 2 (`method = grpo` or `mopd`): each round samples `rl.group_size` responses to each of "
+          "`data.batch_size` prompts, then updates `rl.ppo_epochs x rl.minibatches` times. A round's rows "
+          "(`data.batch_size x rl.group_size`) go through the sampler and the scorer in calls of "
+          "`rl.generation_rows` / `rl.score_rows` rows, so the KV cache and the scoring activations are bounded by "
+          "them. `rl.old_logprobs = auto` takes the sampler's own log-probs when sampling is not truncated: one "
+          "scoring pass less per step. `rl.share_prefill`: the vision tower and the prompt run once per group, "
+          "their KV cache shared by its G rows. `rl.world = 'miniwob'`: prompts from live MiniWoB++ pages in "
+          "headless Chromium (GRPO on on-policy states, labelled by the DOM experts; `train/rl/online.py`; the "
+          "optional `[miniwob]` extra), with `data.batch_size = rl.online.workers x processes`.",
+    "rl.sngs": "GUI-Libra's success-adaptive negative gradient scaling (GRPO): a group's negative advantages are "
+               "multiplied by lambda = min(lambda0 + kappa * signal, 1).",
+    "rl.reward": "The verifier rewards (`guilibra_jax/rewards.py`). GRPO: total = w_fmt * format + (1 - w_fmt) * "
+                 "accuracy. MOPD: 1 for a full match, -0.5 for a partial one, -1 when unparsable.",
+    "rl.mopd": "UI-MOPD: the teachers' term and the adaptive KL mask (`train/rl/advantages.py`). "
+               "`rl.mopd.estimator` (`losses.mopd_loss`): k3 (the paper, the release); logratio_advantage "
+               "(beta * (log pi_teacher - log pi_student) as a per-token advantage: on-policy distillation); full_kl "
+               "(exact reverse KL over the vocabulary: the teachers run inside the update, with the policy's "
+               "vocabulary and inputs). The pass-rate floor is on exactly when `rl.mopd.kl_mask` is not off.",
+    "rl.group_filter": "DAPO-style dynamic sampling (the UI-MOPD release: on): groups whose pass rate is 0 or 1 are "
+                       "dropped and more rounds of `data.batch_size` prompts are sampled until `rl.update_groups` "
+                       "groups are kept; after `max_rounds` rounds (0 = no limit, the release) the update is "
+                       "completed with dropped groups that carry no loss (logged as `group_filter/short_groups`).",
+    "rl.online": "`rl.world = 'miniwob'`: the browser workers (`data.batch_size = rl.online.workers x processes`).",
+    "mesh": "The device mesh: at most one axis is -1 (the rest of the devices); rows are split over data x fsdp.",
+    "train": "The run harness: steps, checkpoints, evals, export and logging.",
+    "train.wandb": "Weights & Biases (`pip install 'guilibra_jax[wandb]'`); `project = ''` leaves it off.",
+    "hardware": "What the recipe is sized for: `launch.plan`'s defaults (devices = hosts x devices_per_host, "
+                "device_memory_gib). The mesh must divide hosts x devices_per_host. Recipes set it with "
+                "`hardware(...)` and the presets of `train/config.py` (`H100_1x8`, `V5P_2x2x2`, ...).",
+    "distributed": "Multi-process JAX (`train/distributed.py`): values given win; else SLURM, the "
+                   "JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID variables, or a Cloud TPU VM's "
+                   "metadata.",
+}
 
 
 def base_config() -> mlc.ConfigDict:
-    c = mlc.ConfigDict()
-    c.method = "sft"         # sft (ASFT) | grpo (GUI-Libra stage 2) | mopd (UI-MOPD stage 2)
-    c.model = mlc.ConfigDict(dict(
-        hf_path="",          # local Hugging Face folder; "" = random init from `name`
-        name="tiny",         # "tiny" or a named real size (qwen2_5_vl_3b, qwen3_vl_8b, ...)
-        dtype="bfloat16",    # compute dtype
-        param_dtype="float32",  # master weights (and optimizer state)
-        remat="none", scan_layers=False, seed=0,
-        attention_block=1024,  # flash-attention tile; sequences longer than it attend blockwise
-        mlp_chunk=0,           # MLPs of rows longer than this run in chunks of it (0: whole rows)
-        tiny=dict(family="qwen2_5_vl", hidden=128, intermediate=256, layers=2, heads=4, kv_heads=2,
-                  vision_depth=2, vision_hidden=64, vision_intermediate=128, vision_heads=4, tie=True,
-                  mrope_section=()),
-    ))
-    c.tokenizer = mlc.ConfigDict(dict(path=""))  # "" = the model folder's tokenizer
-    c.data = mlc.ConfigDict(dict(
-        format="native",     # native | guilibra_sft | guilibra_rl | uni_gui
-        train_files=(),      # files, folders or globs
-        eval_files=(),       # held-out records for the periodic offline eval (native)
-        image_root="",       # guilibra_sft: folder relative image paths start from
-        method="guilibra",   # guilibra (<answer> JSON) | mopd (tool calls): the target format
-        system_prompt="",    # "" = the method's own system turn; else a template that may use
-                             # {platform} and {actions} (a short one keeps CPU demos fast)
-        mix="both",          # both (each step as reasoning + direct-action sample: 1:1) |
-                             # reasoning | direct | a probability of keeping the reasoning, e.g. "0.5"
-        max_length=4096,     # longer samples are filtered (counted, never silently); RL: the prompt's
-                             # length (the releases' max_prompt_length)
-        seq_buckets=(),      # padded lengths; () = one bucket of max_length (no recompiles)
-        patch_bucket=2048,   # pixel rows per batch rounded up to a multiple of this
-        min_pixels=0, max_pixels=0,  # image processor bounds; 0 = the family's default
-        pixels={},           # per platform (min, max) pixel bounds, e.g. {"mobile": (40768, 548800)};
-                             # 0 or an unlisted platform: min_pixels / max_pixels (data.images.PixelBudgets)
-        open_think="auto",   # prompts end with "<think>\n" as Qwen3-VL-*-Thinking templates do:
-                             # auto (the tokenizer's chat template decides) | on | off
-        batch_size=8, seed=0, workers=0, pack=False,
-        rebalance=dict(      # GUI-Libra's RL subset (data.mixing.rebalance), applied before the mix:
-            step_keep=(),    # keep probability per step index, e.g. (0.3, 0.6): step 0 kept with 0.3,
-                             # step 1 with 0.6, later steps always; () = off
-            max_share={},    # largest share a domain may hold, e.g. {"mobile": 0.5}; {} = off
-            key="platform"), # the record field naming the domain: platform | source
-        max_bad_fraction=0.05,
-        synthetic=dict(enabled=False, platforms=("desktop", "mobile"), tasks=200, seed=0,
-                       test_fraction=0.2, tokenizer_vocab=1024),
-    ))
-    c.loss = mlc.ConfigDict(dict(
-        alpha_action=2.0, alpha_grounding=4.0,
-        normalize="sample",  # sample (the paper: per-sample weighted mean) | token (Σ w·nll / Σ w, the release's)
-        weighting="paper",   # paper: reasoning 1 / action alpha_action / coordinate digits alpha_grounding |
-                             # release: x alpha_action inside <answer>, x alpha_grounding from "point_2d": on
-    ))
-    c.loss.logits_chunk = 128  # loss positions per row per LM-head chunk (guilibra_jax/head_loss.py)
-    c.optim = mlc.ConfigDict(dict(
-        lr=1e-5, warmup_steps=0, schedule="cosine", end_lr_fraction=0.0, weight_decay=0.0,
-        b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0,
-        lr_multipliers={}, freeze=(),  # path regex -> lr factor; path regexes not trained
-    ))
-    c.rl = mlc.ConfigDict(dict(
-        group_size=8,        # G responses per prompt; data.batch_size prompts per step and process
-        temperature=1.0, top_p=0.98, top_k=0, max_new_tokens=256,
-        ppo_epochs=1, minibatches=1,   # optimizer updates per rollout = ppo_epochs * minibatches
-        clip_low=0.2, clip_high=0.2, aggregation="token_mean",
-        normalize_std=True,  # group advantages (r - mean) / std; False: r - mean (UI-MOPD)
-        std_unbiased=False,  # that std divides by G - 1 (torch.std; GUI-Libra's EasyR1) instead of G
-        dual_clip=0.0,       # dual-clip PPO constant c > 1 capping -A*ratio for A < 0 (EasyR1 3.0,
-                             # UI-MOPD's veRL run 10.0); 0 = off
-        kl_beta=0.001, kl_kind="k3", kl_clamp=10.0,   # GRPO's trust region; beta > 0 by design
-        reference="",        # GRPO: frozen reference (HF folder or training workdir); "" = start policy
-        sngs=dict(enabled=True, lambda0=0.5, kappa=1.5, signal="mean_reward"),  # or success_rate
-        reward=dict(w_fmt=0.1, value_rule="paper", point_tolerance=0.05,
-                    format_rule="paper",    # GRPO format reward: paper (parses) | release (r1gui.py)
-                    mopd_rule="strict",     # MOPD reward: strict (ours) | release (gui_agent.py)
-                    check_tool_name=True),  # MOPD: the type point needs the label's tool name too
-        teachers={},         # MOPD: platform label -> HF folder, training workdir or random:<seed> ("*": any other)
-        teacher_model_name="",  # architecture of unset teachers for launch.plan (a named size); "" = the policy's
-        # MOPD's adaptive KL mask and pass-rate floor: off (the UI-MOPD release script) | paper (the
-        # paper's method) | release (the release's off-by-default use_kl_loss_mask path); see train/advantages.py
-        mopd=dict(beta=0.01, kl_mask_tau=0.1, pass_floor=0.01, kl_mask="paper"),
-        update_groups=0,     # groups (prompts) per update over all processes; 0 = every prompt of the round
-        # DAPO-style dynamic sampling (UI-MOPD release: on): drop groups whose pass rate is 0 or 1 and
-        # sample more rounds of data.batch_size prompts until update_groups groups are kept; at most
-        # max_rounds rounds (0 = no limit, the release), then the update is completed with dropped groups
-        # that carry no loss (logged as group_filter/short_groups)
-        group_filter=dict(enabled=False, max_rounds=10),
-        score_chunk=0,       # vocabulary projection over T-chunks of this size when scoring (0 = off)
-        # old-policy log-probs of the PPO ratio: auto (the sampler's own when sampling is not top-p /
-        # top-k truncated: one scoring pass less per step) | sampler | recompute (a scoring pass)
-        old_logprobs="auto",
-        # rows (responses) per sampler / scoring call over all processes; a round's rows
-        # (data.batch_size x rl.group_size) go through in calls of this size, so the KV cache and
-        # the scoring activations are bounded by it (0 = a whole round in one call)
-        generation_rows=0, score_rows=0,
-        # sample each prompt's G rows from one prefill (vision tower + prompt, KV cache shared by
-        # the group); False: the prompt is prefilled once per row (the same tokens, G x the work)
-        share_prefill=True,
-        # Where prompts come from: "" = the dataset (data.train_files / data.synthetic); "miniwob" = live
-        # MiniWoB++ pages in headless Chromium (GRPO on on-policy states, labelled by the DOM experts;
-        # train/online.py; optional [miniwob] extra). data.batch_size = rl.online.workers x processes.
-        world="",
-        online=dict(workers=2,     # browser processes per process (one live episode, one prompt each)
-                    tasks=(),      # task names; () = every task with an expert (envs.miniwob.TASKS)
-                    scale=1.0,     # device pixels per CSS pixel (1: 160 x 210 screenshots)
-                    max_steps=0),  # an episode ends (failed) after this many actions; 0 = the task's
-                                   # own limit (envs.miniwob.env: 10, click-checkboxes-large 16)
-    ))
-    c.mesh = mlc.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
-    # What the recipe is sized for: launch.plan's defaults (devices = hosts * devices_per_host,
-    # device_memory_gib; 0 = unknown, e.g. a CPU). The mesh must divide hosts * devices_per_host.
-    # topology: a TPU slice ("v5p:2x2x2"): launch.plan then compiles for it with the TPU compiler.
-    c.hardware = mlc.ConfigDict(dict(name="1 x CPU", hosts=1, devices_per_host=1, device_memory_gib=0.0,
-                                     topology=""))
-    c.train = mlc.ConfigDict(dict(
-        steps=100, grad_accum=1, log_every=10, checkpoint_every=100, keep_checkpoints=2,
-        async_checkpoints=True, eval_every=0, eval_samples=64, eval_max_new_tokens=96,
-        export=True, export_dir="",  # Hugging Face export at the end; "" = workdir/export
-        tensorboard=mlc.FieldReference("auto", field_type=object),  # "auto" (if tensorboardX) | True | False
-        progress=True,
-        wandb=dict(project="", entity="", name="", mode="online", tags=()),  # project "" = off; mode offline: no network
-        profile_steps=(),    # (start, stop): jax.profiler trace of steps start..stop-1 into workdir/profile
-        compilation_cache_dir="auto",  # persistent XLA cache: "auto" = workdir/compilation_cache, "" = off, or a path
-        curves=True,         # training curves (loss, held-out accuracy) as workdir/curves.png at the end
-        max_skipped_updates=10,  # stop after this many consecutive non-finite updates (0 = never)
-        memory_plan=True,    # compile the run's programs ahead of time and write memory_plan.json
-        allow_config_change=False,  # a rerun may change the run's config (recorded in config_history.jsonl)
-    ))
-    c.print_only = False     # launch.train: print the resolved, validated config (and memory plan) and exit
-    c.distributed = mlc.ConfigDict(dict(coordinator_address="", num_processes=0, process_id=-1,
-                                        local_device_ids=""))
-    return c
+    """The defaults of every key (:data:`KEYS`) as a nested ConfigDict, built afresh."""
+    tree: dict[str, Any] = {}
+    for key, k in KEYS.items():
+        *sections, name = key.split(".")
+        node = tree
+        for s in sections:
+            node = node.setdefault(s, {})
+        node[name] = k.fresh()
+    return mlc.ConfigDict(tree)
 
 
 def hardware(name: str, hosts: int, devices_per_host: int, device_memory_gib: float,
@@ -190,179 +438,76 @@ def _merged(defaults: dict, loaded: dict) -> dict:
     return out
 
 
+# ----------------------------------------------------------------------------- docs from the table
+DOCS_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                         "docs", "config.md")
+
+
+def _sections() -> dict[str, list[str]]:
+    """Section ("" for top-level keys, else the key up to its last dot) -> its keys, in
+    the order of first appearance in KEYS."""
+    out: dict[str, list[str]] = {}
+    for key in KEYS:
+        out.setdefault(key.rpartition(".")[0], []).append(key)
+    return out
+
+
+def _md(text: str) -> str:
+    """Text for a markdown table cell: what markdown would read as syntax, escaped."""
+    for ch in "\\|*<":
+        text = text.replace(ch, "\\" + ch)
+    return text
+
+
+def key_table_markdown() -> str:
+    """docs/config.md: a table per section (key, default, allowed values, doc) from KEYS,
+    with the section's SECTIONS paragraph above it."""
+    lines = ["# Config keys", "",
+             "<!-- Generated from KEYS in guilibra_jax/train/config.py by `python -m guilibra_jax.train.config`; "
+             "do not edit (tests/train/test_config_docs.py checks it is current). -->", "",
+             "Every key of the training config, declared once in `guilibra_jax/train/config.py` (`KEYS`: default, "
+             "rule, doc). Recipes (`configs/*.py`) start from `base_config()` and override; any key can be set on "
+             "the command line with `--config.KEY=value`. `launch.train` checks each value against its rule (the "
+             "allowed values below) and the rules between keys before anything heavy starts, and stops with one "
+             "line naming the key. The enumerations are defined once in `guilibra_jax/choices.py`.", ""]
+    for section, keys in _sections().items():
+        lines += [f"## {'`' + section + '`' if section else 'Top level'}", ""]
+        if SECTIONS.get(section):
+            lines += [SECTIONS[section], ""]
+        lines += ["| key | default | allowed values | doc |", "| --- | --- | --- | --- |"]
+        for key in keys:
+            k = KEYS[key]
+            lines.append(f"| `{key}` | `{k.default!r}` | {_md(k.rule.expected)} | {_md(k.doc)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def key_list_text() -> str:
+    """The key list ``launch.train --help`` ends with: each key, its default and its doc."""
+    lines = ["", "Config keys (--config.KEY=value; default, then what it does; allowed values: docs/config.md):"]
+    for key, k in KEYS.items():
+        lines.append(f"  {key} = {k.default!r}: {k.doc}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    """``python -m guilibra_jax.train.config``: rewrite docs/config.md from KEYS
+    (``--check``: exit 1 when it is not current, writing nothing)."""
+    text = key_table_markdown()
+    current = open(DOCS_PATH).read() if os.path.exists(DOCS_PATH) else None
+    if "--check" in argv[1:]:
+        print(f"{DOCS_PATH}: {'current' if current == text else 'stale: run python -m guilibra_jax.train.config'}")
+        return 0 if current == text else 1
+    if current != text:
+        with open(DOCS_PATH, "w") as f:
+            f.write(text)
+    print(f"wrote {DOCS_PATH} ({len(KEYS)} keys)")
+    return 0
+
+
 # ----------------------------------------------------------------------------- validation
-# One rule per key: full key -> check of its type and range (guilibra_jax.train.config_checks).
-# Adding a key to base_config? Add its line here (tests/train/test_config_validation.py
-# fails for a key without a rule). Rules that involve several keys are CROSS_CHECKS below.
-SYNTHETIC_PLATFORMS = ("desktop", "mobile")  # = guilibra_jax.envs.adapter.PLATFORMS (not imported: heavy)
-DEMO_MIN_VOCAB = 276                         # = len(demo_tokenizer.QWEN_SPECIAL_TOKENS) + 256 bytes
-DTYPE_NAMES = ("float32", "bfloat16", "float16")
-DATA_FORMATS = ("native", "guilibra_sft", "guilibra_rl", "uni_gui")
-
-RULES: dict[str, K.Check] = {
-    "method": K.one_of(*METHODS),
-    "model.hf_path": K.folder_or_empty("a Hugging Face checkpoint: config.json + *.safetensors"),
-    "model.name": K.Check(lambda v: isinstance(v, str) and v != "", "'tiny' or a named size such as qwen2_5_vl_3b"),
-    "model.dtype": K.one_of(*DTYPE_NAMES),
-    "model.param_dtype": K.one_of(*DTYPE_NAMES),
-    "model.remat": K.one_of(*REMATS),
-    "model.scan_layers": K.boolean(),
-    "model.attention_block": K.integer(1),
-    "model.mlp_chunk": K.integer(0, note="(0 = whole rows)"),
-    "model.seed": K.integer(0),
-    "model.tiny.family": K.one_of(*FAMILIES),
-    "model.tiny.hidden": K.integer(1),
-    "model.tiny.intermediate": K.integer(1),
-    "model.tiny.layers": K.integer(1),
-    "model.tiny.heads": K.integer(1),
-    "model.tiny.kv_heads": K.integer(1),
-    "model.tiny.vision_depth": K.integer(1),
-    "model.tiny.vision_hidden": K.integer(1),
-    "model.tiny.vision_intermediate": K.integer(1),
-    "model.tiny.vision_heads": K.integer(1),
-    "model.tiny.tie": K.boolean(),
-    "model.tiny.mrope_section": K.integers(1, lengths=(0, 3), note="(t, h, w) sizes summing to head_dim / 2"),
-    "tokenizer.path": K.folder_or_empty("a tokenizer folder; '' = the model folder's"),
-    "data.format": K.one_of(*DATA_FORMATS),
-    "data.train_files": K.strings("files, folders or globs"),
-    "data.eval_files": K.strings("files, folders or globs"),
-    "data.image_root": K.folder_or_empty("the folder relative image paths start from"),
-    "data.method": K.one_of("guilibra", "mopd"),
-    "data.system_prompt": K.template(("platform", "actions")),
-    "data.mix": K.probability_or("both", "reasoning", "direct"),
-    "data.max_length": K.integer(1),
-    "data.seq_buckets": K.integers(1, note="padded lengths; () = one bucket of data.max_length"),
-    "data.patch_bucket": K.Check(lambda v: isinstance(v, int) and v >= 4 and v % 4 == 0,
-                                 "a positive multiple of 4 (2 x 2 patches merge into one token)"),
-    "data.min_pixels": K.integer(0, note="(0 = the family's default)"),
-    "data.max_pixels": K.integer(0, note="(0 = the family's default)"),
-    "data.pixels": K.Check(lambda v: hasattr(v, "items") and all(
-        isinstance(k, str) and isinstance(p, (tuple, list)) and len(p) == 2 and all(
-            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in p) and not (p[0] and p[1] and p[0] > p[1])
-        for k, p in v.items()), "platform -> (min, max) pixel counts with 0 <= min <= max (0: data.min_pixels / "
-        "data.max_pixels)"),
-    "data.open_think": K.one_of("auto", "on", "off"),
-    "data.rebalance.step_keep": K.Check(lambda v: isinstance(v, (tuple, list)) and all(
-        K._is_number(p) and 0.0 <= p <= 1.0 for p in v), "keep probabilities in [0, 1], one per step index"),
-    "data.rebalance.max_share": K.Check(lambda v: hasattr(v, "items") and all(
-        K._is_number(x) and 0.0 < x < 1.0 for x in v.values()), "domain -> a share in (0, 1)"),
-    "data.rebalance.key": K.one_of("platform", "source"),
-    "data.batch_size": K.integer(1),
-    "data.seed": K.integer(0),
-    "data.workers": K.integer(0),
-    "data.pack": K.boolean(),
-    "data.max_bad_fraction": K.number(0, 1),
-    "data.synthetic.enabled": K.boolean(),
-    "data.synthetic.platforms": K.Check(lambda v: isinstance(v, (tuple, list)) and len(v) > 0 and all(
-        p in SYNTHETIC_PLATFORMS for p in v), f"a non-empty tuple from {SYNTHETIC_PLATFORMS}"),
-    "data.synthetic.tasks": K.integer(1),
-    "data.synthetic.seed": K.integer(0),
-    "data.synthetic.test_fraction": K.number(0, 1, hi_open=True),
-    "data.synthetic.tokenizer_vocab": K.integer(DEMO_MIN_VOCAB, note="(Qwen's special tokens + 256 bytes)"),
-    "loss.alpha_action": K.number(0),
-    "loss.alpha_grounding": K.number(0),
-    "loss.normalize": K.one_of("sample", "token"),
-    "loss.weighting": K.one_of("paper", "release"),
-    "loss.logits_chunk": K.integer(1, note="(loss positions per row per LM-head chunk)"),
-    "optim.lr": K.number(0, lo_open=True),
-    "optim.warmup_steps": K.integer(0),
-    "optim.schedule": K.one_of("cosine", "linear", "constant"),
-    "optim.end_lr_fraction": K.number(0, 1),
-    "optim.weight_decay": K.number(0),
-    "optim.b1": K.number(0, 1, hi_open=True),
-    "optim.b2": K.number(0, 1, hi_open=True),
-    "optim.eps": K.number(0, lo_open=True),
-    "optim.clip_norm": K.number(0, note="(0 = no clipping)"),
-    "optim.lr_multipliers": K.regex_to_number(0.0),
-    "optim.freeze": K.regexes("parameter paths not trained"),
-    "rl.group_size": K.integer(2, note="(group-relative advantages)"),
-    "rl.temperature": K.number(0, lo_open=True, note="(on-policy sampling)"),
-    "rl.top_p": K.number(0, 1, lo_open=True),
-    "rl.top_k": K.integer(0, note="(0 = off)"),
-    "rl.max_new_tokens": K.integer(1),
-    "rl.ppo_epochs": K.integer(1),
-    "rl.minibatches": K.integer(1),
-    "rl.clip_low": K.number(0, 1, hi_open=True),
-    "rl.clip_high": K.number(0),
-    "rl.aggregation": K.one_of(*AGGREGATIONS),
-    "rl.normalize_std": K.boolean(),
-    "rl.std_unbiased": K.boolean(),
-    "rl.dual_clip": K.Check(lambda v: K._is_number(v) and (v == 0 or v > 1.0),
-                            "0 (off) or a constant > 1 (the releases use 3.0 and 10.0)"),
-    "rl.kl_beta": K.number(0, note="(the conservative recipe uses > 0)"),
-    "rl.kl_kind": K.one_of(*KL_KINDS),
-    "rl.kl_clamp": K.number(0, note="(0 = no clamp)"),
-    "rl.reference": K.text("an HF folder, training workdir or random:<seed>; '' = the starting policy"),
-    "rl.sngs.enabled": K.boolean(),
-    "rl.sngs.lambda0": K.number(0, 1),
-    "rl.sngs.kappa": K.number(0),
-    "rl.sngs.signal": K.one_of("mean_reward", "success_rate"),
-    "rl.reward.w_fmt": K.number(0, 1),
-    "rl.reward.value_rule": K.one_of("paper", "release"),
-    "rl.reward.point_tolerance": K.number(0),
-    "rl.reward.format_rule": K.one_of("paper", "release"),
-    "rl.reward.mopd_rule": K.one_of("strict", "release"),
-    "rl.reward.check_tool_name": K.boolean(),
-    "rl.teachers": K.mapping_of_text("platform label -> teacher folder or random:<seed>; '*' = any other"),
-    "rl.teacher_model_name": K.text("a named size for launch.plan; '' = the policy's"),
-    "rl.mopd.beta": K.number(0),
-    "rl.mopd.kl_mask_tau": K.number(0, 1),
-    "rl.mopd.pass_floor": K.number(0, 1),
-    "rl.mopd.kl_mask": K.one_of("off", "paper", "release"),
-    "rl.update_groups": K.integer(0, note="(0 = every prompt of a round)"),
-    "rl.group_filter.enabled": K.boolean(),
-    "rl.group_filter.max_rounds": K.integer(0, note="(0 = no limit)"),
-    "rl.score_chunk": K.integer(0, note="(0 = off)"),
-    "rl.old_logprobs": K.one_of("auto", "sampler", "recompute"),
-    "rl.generation_rows": K.integer(0, note="(0 = a whole round per call)"),
-    "rl.score_rows": K.integer(0, note="(0 = a whole round per call)"),
-    "rl.share_prefill": K.boolean(),
-    "rl.world": K.one_of("", "miniwob"),
-    "rl.online.workers": K.integer(1, note="(browser processes per process)"),
-    "rl.online.tasks": K.strings("MiniWoB++ task names with an expert; () = all of envs.miniwob.TASKS"),
-    "rl.online.scale": K.number(0, lo_open=True, note="(device pixels per CSS pixel)"),
-    "rl.online.max_steps": K.integer(0, note="(0 = the task's own limit)"),
-    "mesh.data": K.Check(lambda v: isinstance(v, int) and (v >= 1 or v == -1), "a positive size or -1"),
-    "mesh.fsdp": K.Check(lambda v: isinstance(v, int) and (v >= 1 or v == -1), "a positive size or -1"),
-    "mesh.tensor": K.Check(lambda v: isinstance(v, int) and (v >= 1 or v == -1), "a positive size or -1"),
-    "train.steps": K.integer(1),
-    "train.grad_accum": K.integer(1),
-    "train.log_every": K.integer(1),
-    "train.checkpoint_every": K.integer(1),
-    "train.keep_checkpoints": K.integer(1),
-    "train.async_checkpoints": K.boolean(),
-    "train.eval_every": K.integer(0, note="(0 = no periodic eval)"),
-    "train.eval_samples": K.integer(1),
-    "train.eval_max_new_tokens": K.integer(1),
-    "train.export": K.boolean(),
-    "train.export_dir": K.text("'' = workdir/export"),
-    "train.tensorboard": K.Check(lambda v: v == "auto" or isinstance(v, bool),
-                                 "'auto' (when tensorboardX is installed), True or False"),
-    "train.progress": K.boolean(),
-    "train.max_skipped_updates": K.integer(0, note="(0 = never stop)"),
-    "train.memory_plan": K.boolean(),
-    "train.allow_config_change": K.boolean(),
-    "train.wandb.project": K.text("'' = off"),
-    "train.wandb.entity": K.text(),
-    "train.wandb.name": K.text(),
-    "train.wandb.mode": K.one_of("online", "offline", "disabled"),
-    "train.wandb.tags": K.strings(),
-    "train.profile_steps": K.Check(lambda v: isinstance(v, (tuple, list)) and (len(v) == 0 or (
-        len(v) == 2 and all(K._is_int(x) for x in v) and 1 <= v[0] < v[1])), "() or (start, stop) with 1 <= start < stop"),
-    "train.compilation_cache_dir": K.text("'auto', '' (off) or a folder"),
-    "train.curves": K.boolean(),
-    "print_only": K.boolean(),
-    "hardware.name": K.text(),
-    "hardware.hosts": K.integer(1),
-    "hardware.devices_per_host": K.integer(1),
-    "hardware.device_memory_gib": K.number(0, note="(0 = unknown)"),
-    "hardware.topology": K.text("a TPU slice such as 'v5p:2x2x2', or '' for none"),
-    "distributed.coordinator_address": K.host_port(),
-    "distributed.num_processes": K.integer(0),
-    "distributed.process_id": K.integer(-1),
-    "distributed.local_device_ids": K.device_ids(),
-}
-
+# Each key's own rule is its KEYS entry (RULES); rules that involve several keys are
+# CROSS_CHECKS below.
 _fail = K.fail
 # Folders that may not exist yet when a recipe is planned (launch.plan): recipes that start
 # from an earlier run's export are planned before that run.
@@ -397,18 +542,38 @@ def _check_model(c, _known: Known) -> None:
         _fail("model.tiny.mrope_section", tuple(t.mrope_section), f"3 sizes summing to head_dim / 2 = {half}")
 
 
+def _check_synthetic_and_files(d) -> None:
+    """Files given with the synthetic world are never silently left out: an error unless
+    data.synthetic.mix_with_files asks for both."""
+    s = d.synthetic
+    if s.mix_with_files and not s.enabled:
+        _fail("data.synthetic.mix_with_files", True, "False when data.synthetic.enabled=False (it adds the "
+              "synthetic world to data.train_files)")
+    if not s.enabled:
+        return
+    for key, use in (("train_files", "trains on"), ("eval_files", "evaluates on")):
+        files = tuple(d[key])
+        if files and not s.mix_with_files:
+            raise ConfigError(
+                f"config key data.{key} = {files!r} is set while data.synthetic.enabled=True: the run "
+                f"{use} the synthetic world and would ignore these files. Set data.synthetic.enabled=False to use "
+                f"only the files, or data.synthetic.mix_with_files=True to use both")
+    if s.mix_with_files and d.format != "native":
+        _fail("data.format", d.format, "'native' with data.synthetic.mix_with_files=True (the synthetic world is "
+              "native JSONL; convert the files with launch.convert_data --to=native)")
+
+
 def _check_data(c, known: Known) -> None:
     d = c.data
+    _check_synthetic_and_files(d)
     online_tokenizer = c.rl.world and (c.model.hf_path or c.tokenizer.path)   # no records needed
-    if not d.synthetic.enabled and not known.planning and not online_tokenizer:
-        if not d.train_files:
+    if not known.planning and (d.synthetic.enabled or not online_tokenizer):
+        if not d.synthetic.enabled and not d.train_files:
             _fail("data.train_files", d.train_files, "at least one file (or data.synthetic.enabled=True)")
-        missing = K.missing_inputs(d.train_files)
-        if missing:
-            _fail("data.train_files", missing[0], "existing files, folders or globs that match something")
-        missing = K.missing_inputs(d.eval_files)
-        if missing:
-            _fail("data.eval_files", missing[0], "existing files, folders or globs that match something")
+        for key in ("train_files", "eval_files"):
+            missing = K.missing_inputs(d[key])
+            if missing:
+                _fail(f"data.{key}", missing[0], "existing files, folders or globs that match something")
     if d.seq_buckets and max(d.seq_buckets) != d.max_length:
         _fail("data.seq_buckets", tuple(d.seq_buckets), f"buckets <= data.max_length = {d.max_length}, the largest "
               f"equal to it (longer samples are filtered, a sample must fit a bucket)")
@@ -586,3 +751,7 @@ def validate(c: mlc.ConfigDict, device_count: int | None = None, process_count: 
     known = Known(device_count, process_count, planning)
     for check in CROSS_CHECKS:
         check(c, known)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -5,7 +5,7 @@
 Left: the training loss per logged step. Right: held-out greedy step accuracy
 (``eval/step_acc``, per platform when logged) with the best constant-action baseline
 dashed, or, for RL runs without a held-out eval, the rollout reward. The trainer calls
-it when a run ends (``train.curves``); the README's demo figures are these files.
+it when a run ends (``train.curves``); a run's figures are these files.
 """
 
 from __future__ import annotations

@@ -79,16 +79,27 @@ def _expand(patterns, key: str) -> list[str]:
     return files
 
 
+def _mixing(config) -> bool:
+    s = config.data.synthetic
+    return bool(s.enabled and s.mix_with_files)
+
+
 def train_files(config, workdir: str) -> list[str]:
+    """The training files: the synthetic world's export (data.synthetic.enabled), then
+    data.train_files when data.synthetic.mix_with_files; else data.train_files. (The
+    config check refuses files given with the synthetic world and no mix_with_files.)"""
     if config.data.synthetic.enabled:
         ensure_synthetic_data(config, workdir)
-        return [os.path.join(synthetic_dir(workdir), "train.jsonl")]
+        synthetic = [os.path.join(synthetic_dir(workdir), "train.jsonl")]
+        return synthetic + (_expand(config.data.train_files, "data.train_files") if _mixing(config) else [])
     return _expand(config.data.train_files, "data.train_files")
 
 
 def eval_files(config, workdir: str) -> list[str]:
+    """The held-out files, chosen as :func:`train_files` chooses (the export's test split)."""
     if config.data.synthetic.enabled:
-        return [os.path.join(synthetic_dir(workdir), "test.jsonl")]
+        synthetic = [os.path.join(synthetic_dir(workdir), "test.jsonl")]
+        return synthetic + (_expand(config.data.eval_files, "data.eval_files") if _mixing(config) else [])
     return _expand(config.data.eval_files, "data.eval_files")
 
 
@@ -129,7 +140,7 @@ def per_process_batch(config) -> int:
 
 def pixel_pairs(cfg_data) -> dict[str, tuple[int, int]]:
     """``data.pixels`` as {platform: (min, max)} (0: data.min_pixels / data.max_pixels)."""
-    return {str(k): (int(v[0]), int(v[1])) for k, v in dict(cfg_data.get("pixels") or {}).items()}
+    return {str(k): (int(v[0]), int(v[1])) for k, v in dict(cfg_data.pixels).items()}
 
 
 def pixel_budgets(cfg_data):
@@ -146,12 +157,13 @@ def think_opened(config, tokenizer) -> bool:
     return P.opens_think(P.generation_prefix(config.data.open_think, tokenizer))
 
 
-def readable_records(config, files: list[str]) -> list:
-    """The records of ``files`` (in ``data.format``) that parse; bad ones are skipped
-    here (the training loader counts them when it meets them)."""
+def readable_records(config, files: list[str], key: str = "data.train_files") -> list:
+    """The records of ``files`` (in ``data.format``; named by config ``key``) that parse;
+    bad ones are skipped here (the training loader counts them when it meets them)."""
     from guilibra_jax.data import bad_records as B
     from guilibra_jax.data import readers
-    source = readers.open_source(files, config.data.format, image_root=config.data.image_root or None)
+    source = readers.open_source(files, config.data.format, image_root=config.data.image_root or None,
+                                 config_key=key)
     return [r for r in source if not isinstance(r, B.Dropped)]
 
 
@@ -204,7 +216,8 @@ def data_config(config, files: list[str], *, for_eval: bool = False) -> dict:
         mix = float(mix)
     buckets = tuple(d.seq_buckets) or (d.max_length,)
     return dict(
-        inputs=tuple(files), format=d.format, method=d.method, image_root=d.image_root or None,
+        inputs=tuple(files), inputs_key="data.eval_files" if for_eval else "data.train_files", format=d.format,
+        method=d.method, image_root=d.image_root or None,
         system_prompt=d.system_prompt or None,
         batch_size=d.batch_size if for_eval else per_process_batch(config), seq_buckets=buckets,
         max_length=d.max_length, patch_bucket=d.patch_bucket,
@@ -218,8 +231,8 @@ def data_config(config, files: list[str], *, for_eval: bool = False) -> dict:
 
 def rebalance_args(cfg_data) -> dict:
     """``data.rebalance`` as the loader's rebalance_* arguments (nothing when it is off)."""
-    rb = cfg_data.get("rebalance")
-    if rb is None or (not rb.step_keep and not rb.max_share):
+    rb = cfg_data.rebalance
+    if not rb.step_keep and not rb.max_share:
         return {}
     return dict(rebalance_step_keep={i: float(p) for i, p in enumerate(rb.step_keep)} or None,
                 rebalance_max_share={str(k): float(v) for k, v in dict(rb.max_share).items()} or None,

@@ -23,6 +23,9 @@ is the one function every launcher uses (``launch.train`` at the end of a run th
 * ``run_config.json``: the run's resolved config (prompt template, method, pixel
   budgets), which evaluation agents read to prompt the served model as in training.
 
+The folder appears whole or not at all: written into ``<out>.tmp-<pid>`` and renamed when
+complete, with the completion marker that readers check (``guilibra_jax.atomic``).
+
 Per-platform pixel budgets (``data.pixels.<platform>``): a server has one image
 processor, so ``preprocessor_config.json`` gets the widest bounds (the smallest
 ``min_pixels`` and the largest ``max_pixels`` over the platforms) and
@@ -41,6 +44,7 @@ import os
 import shutil
 from typing import Any, Mapping
 
+from guilibra_jax import atomic
 from guilibra_jax.data import images as I
 from guilibra_jax.errors import ConfigError
 
@@ -76,10 +80,10 @@ def pixel_budgets(config: Any, family: str) -> dict[str, tuple[int, int]]:
     ``(min, max)`` or ``dict(min_pixels=, max_pixels=)``; 0 = the run's)."""
     d = config.data
     default = I.processor_config(family)
-    lo = int(d.get("min_pixels", 0) or 0) or default.min_pixels
-    hi = int(d.get("max_pixels", 0) or 0) or default.max_pixels
+    lo = int(d.min_pixels) or default.min_pixels
+    hi = int(d.max_pixels) or default.max_pixels
     out = {DEFAULT_PLATFORM: (lo, hi)}
-    per = d.get("pixels", None) or {}
+    per = d.pixels
     for platform in per:
         p_lo, p_hi = _pair(per[platform], f"data.pixels.{platform}")
         out[str(platform)] = (p_lo or lo, p_hi or hi)
@@ -203,13 +207,15 @@ def write_serving_files(out: str, config: Any, tokenizer, family: str, *, source
 
 def export_model(graphdef, params, model_config, tokenizer, out: str, config: Any) -> str:
     """Write ``params`` and every serving file of ``config``'s run as a Hugging Face
-    folder ``out`` (module docstring); returns ``out``."""
+    folder ``out`` (module docstring), whole or not at all (``guilibra_jax.atomic``:
+    written into ``<out>.tmp-<pid>`` and renamed); returns ``out``."""
     from flax import nnx
 
     from guilibra_jax import models as M
     model = nnx.merge(graphdef, params)
-    M.save_hf(model, model_config, out)
-    write_serving_files(out, config, tokenizer, model_config.family, source_dir=config.model.hf_path or "",
-                        model_config=model_config)
+    with atomic.writing_folder(out) as tmp:
+        M.save_hf(model, model_config, tmp)
+        write_serving_files(tmp, config, tokenizer, model_config.family, source_dir=config.model.hf_path or "",
+                            model_config=model_config)
     return out
 

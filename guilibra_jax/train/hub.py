@@ -27,7 +27,10 @@ def is_hub_id(value: str) -> bool:
 
 
 def resolve_model_path(value: str, key: str, *, cache_dir: str | None = None) -> str:
-    """A local folder for config key ``key`` = ``value`` (module docstring)."""
+    """A local folder for config key ``key`` = ``value`` (module docstring). A
+    half-written export or merge of ours (``guilibra_jax.atomic``) is a UserError."""
+    from guilibra_jax import atomic
+    atomic.check_complete(value, f"config key {key}")
     if not is_hub_id(value):
         return value
     from huggingface_hub import snapshot_download

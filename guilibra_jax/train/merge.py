@@ -24,7 +24,9 @@ finished, else its latest complete checkpoint (``model_factory.load_frozen``). T
 merged folder is written with ``models.save_hf`` in the first input's dtype, with the
 first input's tokenizer, processor, generation and run-config files (an export's are
 copied; a workdir's are written by ``train.export.write_serving_files``), plus
-``merge.json`` naming the method, inputs and weights.
+``merge.json`` naming the method, inputs and weights. The folder appears whole or not at
+all (``guilibra_jax.atomic``), and a half-written export or merge given as an input is
+refused.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from guilibra_jax import atomic
 from guilibra_jax.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -173,7 +176,8 @@ def _has_weights(path: str) -> bool:
 
 def resolve_input(path: str, flag: str = "--inputs") -> Input:
     """An HF folder; a training workdir's ``export/`` (a finished run) or its latest
-    checkpoint. UserError for anything else."""
+    checkpoint. UserError for anything else, and for a half-written output of ours."""
+    atomic.check_complete(path, flag)
     if _has_weights(path):
         return Input(path, path, path)
     if os.path.isdir(os.path.join(path, "checkpoints")) and os.path.exists(os.path.join(path, "config.json")):
@@ -280,6 +284,7 @@ def merge_folders(method: str, inputs: Sequence[str], out: str, *, weights: Sequ
         raise UserError(f"--inputs={','.join(inputs)!r}: give at least two models to merge")
     if method == "ties" and not base:
         raise UserError("--method=ties needs --base (the model the inputs were fine-tuned from)")
+    atomic.check_replaceable(out)   # before the models are loaded
     resolved = [resolve_input(p) for p in inputs] + ([resolve_input(base, "--base")] if base else [])
     labels = [f"--inputs {p}" for p in inputs] + ([f"--base {base}"] if base else [])
     _weights(weights, len(inputs), normalise=False)
@@ -294,12 +299,13 @@ def merge_folders(method: str, inputs: Sequence[str], out: str, *, weights: Sequ
     graphdef, _, model_config = loaded[0]
     dtype = model_factory.dtype_of(_stored_dtype(resolved[0]), "dtype")
     model = nnx.merge(graphdef, merged)
-    M.save_hf(model, model_config, out, dtype=dtype)
-    write_files(out, resolved[0], model_config)
-    with open(os.path.join(out, MERGE_FILE), "w") as f:
-        json.dump({"method": method, "inputs": list(inputs), "loaded_from": [r.weights for r in resolved],
-                   "weights": list(weights) if weights is not None else None, "base": base or None,
-                   "ties_density": density if method == "ties" else None}, f, indent=2)
-        f.write("\n")
+    with atomic.writing_folder(out) as tmp:   # whole or not at all: <out>.tmp-<pid>, renamed when complete
+        M.save_hf(model, model_config, tmp, dtype=dtype)
+        write_files(tmp, resolved[0], model_config)
+        with open(os.path.join(tmp, MERGE_FILE), "w") as f:
+            json.dump({"method": method, "inputs": list(inputs), "loaded_from": [r.weights for r in resolved],
+                       "weights": list(weights) if weights is not None else None, "base": base or None,
+                       "ties_density": density if method == "ties" else None}, f, indent=2)
+            f.write("\n")
     log.info("merged %s (%s) into %s", inputs, method, out)
     return out

@@ -25,12 +25,12 @@ import sys
 import time
 from typing import Any, Mapping
 
+from guilibra_jax.choices import WANDB_MODES
 from guilibra_jax.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 TENSORBOARD_MODES = ("auto", True, False)
-WANDB_MODES = ("online", "offline", "disabled")
 
 
 def _scalar(v: Any) -> float | int | None:
@@ -136,9 +136,8 @@ def _wandb_run(workdir: str, cfg: Mapping[str, Any], config: Any):
 def writer_for_run(config: Any, workdir: str, *, enabled: bool = True) -> MetricsWriter:
     """The run's writer as ``config.train`` asks (tensorboard, wandb)."""
     tc = config.train
-    wandb = tc.get("wandb", None)
-    return MetricsWriter(workdir, enabled=enabled, tensorboard=tc.get("tensorboard", "auto"),
-                         wandb=dict(wandb) if wandb else None, config=config)
+    return MetricsWriter(workdir, enabled=enabled, tensorboard=tc.tensorboard, wandb=tc.wandb.to_dict(),
+                         config=config)
 
 
 class Progress:

@@ -11,13 +11,18 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from guilibra_jax import atomic
 from guilibra_jax import models as M
+from guilibra_jax import sharding as S
+from guilibra_jax.choices import DTYPE_NAMES
 from guilibra_jax.errors import ConfigError
-from guilibra_jax.models.attention import BLOCK as ATTENTION_BLOCK
+from guilibra_jax.train import checkpoint as C
+from guilibra_jax.train import config as run_config
+from guilibra_jax.train.export import export_model
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+DTYPES = {name: getattr(jnp, name) for name in DTYPE_NAMES}   # model.dtype / model.param_dtype
 
 
 def dtype_of(name: str, key: str):
@@ -35,7 +40,7 @@ def tiny_model_config(tiny: Any, tokenizer) -> M.ModelConfig:
         raise ValueError(f"tokenizer lacks Qwen special tokens {missing}")
     family = tiny.family
     head_dim = tiny.hidden // tiny.heads
-    section = tuple(tiny.mrope_section) if tiny.get("mrope_section") else _default_section(head_dim)
+    section = tuple(tiny.mrope_section) if tiny.mrope_section else _default_section(head_dim)
     text = M.TextConfig(
         vocab_size=len(tokenizer), hidden_size=tiny.hidden, intermediate_size=tiny.intermediate,
         num_layers=tiny.layers, num_heads=tiny.heads, num_kv_heads=tiny.kv_heads, head_dim=head_dim,
@@ -72,8 +77,9 @@ def build_model(config: Any, tokenizer, mesh=None) -> tuple[M.QwenVL, M.ModelCon
     dtype = dtype_of(mc.dtype, "model.dtype")
     param_dtype = dtype_of(mc.param_dtype, "model.param_dtype")
     kw = dict(dtype=dtype, param_dtype=param_dtype, remat=mc.remat, scan_layers=mc.scan_layers,
-              attention_block=mc.get("attention_block", ATTENTION_BLOCK), mlp_chunk=mc.get("mlp_chunk", 0))
+              attention_block=mc.attention_block, mlp_chunk=mc.mlp_chunk)
     if mc.hf_path:
+        atomic.check_complete(mc.hf_path, "model.hf_path")   # not a half-written export of ours
         if not os.path.isdir(mc.hf_path):
             raise FileNotFoundError(f"model.hf_path: {mc.hf_path!r} is not a folder")
         return M.load_hf(mc.hf_path, mesh=mesh, **kw)
@@ -83,7 +89,6 @@ def build_model(config: Any, tokenizer, mesh=None) -> tuple[M.QwenVL, M.ModelCon
         return make(), model_config
     # Random init runs eagerly on the host CPU (a jitted init of a whole model compiles for
     # minutes), then each parameter goes to its sharding; every process computes the same values.
-    from guilibra_jax import sharding as S
     with jax.default_device(_host_device()):
         model = make()
     graphdef, state, rest = nnx.split(model, nnx.Param, ...)
@@ -105,14 +110,12 @@ def model_kwargs(config: Any, dtype: str | None = None) -> dict:
     mc = config.model
     return dict(dtype=dtype_of(dtype or mc.dtype, "model.dtype"),
                 param_dtype=dtype_of(dtype or mc.param_dtype, "model.param_dtype"), remat=mc.remat,
-                scan_layers=mc.scan_layers, attention_block=mc.get("attention_block", ATTENTION_BLOCK),
-                mlp_chunk=mc.get("mlp_chunk", 0))
+                scan_layers=mc.scan_layers, attention_block=mc.attention_block, mlp_chunk=mc.mlp_chunk)
 
 
 def abstract_model(model_config: M.ModelConfig, mesh, **kw) -> tuple[Any, dict, dict]:
     """(graphdef, abstract params, their shardings) without allocating anything: the
     params are ShapeDtypeStructs carrying their shardings on ``mesh``."""
-    from guilibra_jax import sharding as S
     graphdef, state, _ = nnx.split(nnx.eval_shape(lambda: M.QwenVL(model_config, rngs=nnx.Rngs(0), **kw)),
                                    nnx.Param, ...)
     shardings = S.param_shardings(state, mesh, log=False)
@@ -126,6 +129,7 @@ def model_config_of(config: Any, tokenizer) -> M.ModelConfig:
     ``tokenizer``; a named size is fixed; an HF folder's config.json)."""
     mc = config.model
     if mc.hf_path:
+        atomic.check_complete(mc.hf_path, "model.hf_path")
         return M.ModelConfig.from_hf(mc.hf_path)
     if mc.name == "tiny":
         return tiny_model_config(mc.tiny, tokenizer)
@@ -138,6 +142,7 @@ def model_config_of(config: Any, tokenizer) -> M.ModelConfig:
 
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
+    atomic.check_complete(path)
     if not path or not os.path.isdir(path):
         raise FileNotFoundError(f"tokenizer folder {path!r} not found")
     return AutoTokenizer.from_pretrained(path)
@@ -149,12 +154,12 @@ def export(graphdef, params, model_config: M.ModelConfig, tokenizer, path: str, 
     preprocessor and generation configs with the run's pixels and stop ids); without
     it, only config.json, safetensors and the tokenizer."""
     if config is not None:
-        from guilibra_jax.train.export import export_model
         return export_model(graphdef, params, model_config, tokenizer, path, config)
     model = nnx.merge(graphdef, params)
-    M.save_hf(model, model_config, path)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(path)
+    with atomic.writing_folder(path) as tmp:   # whole or not at all
+        M.save_hf(model, model_config, tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
     return path
 
 
@@ -165,10 +170,7 @@ def load_frozen(path: str, *, dtype: str = "bfloat16", param_dtype: str = "bfloa
     safetensors) or a training workdir of ours (config.json + tokenizer/ + checkpoints/;
     the latest checkpoint, or ``step``). No optimizer state is kept. With ``mesh`` the
     parameters are loaded straight into their shardings."""
-    from guilibra_jax import sharding as S
-    from guilibra_jax.train import checkpoint as C
-    from guilibra_jax.train import config as run_config
-
+    atomic.check_complete(path)   # not a half-written export or merge of ours
     if not os.path.isdir(path):
         raise FileNotFoundError(f"model folder {path!r} not found")
     has_weights = any(f.endswith(".safetensors") for f in os.listdir(path))
@@ -188,8 +190,7 @@ def load_frozen(path: str, *, dtype: str = "bfloat16", param_dtype: str = "bfloa
     model_config = model_config_of(run, tokenizer)
     kw = dict(dtype=dtype_of(dtype, "dtype"), param_dtype=dtype_of(param_dtype, "param_dtype"),
               remat=run.model.remat, scan_layers=run.model.scan_layers,
-              attention_block=run.model.get("attention_block", ATTENTION_BLOCK),
-              mlp_chunk=run.model.get("mlp_chunk", 0))
+              attention_block=run.model.attention_block, mlp_chunk=run.model.mlp_chunk)
     if mesh is not None:
         graphdef, abstract, shardings = abstract_model(model_config, mesh, **kw)
     else:

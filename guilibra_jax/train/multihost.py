@@ -14,12 +14,13 @@ import jax
 import numpy as np
 
 from guilibra_jax import sharding as S
+from guilibra_jax.errors import ConfigError, UserError
+from guilibra_jax.train.batching import first_global_row
 
 
 def run_mesh(config):
     """The run's mesh (config.mesh over every device of every process); a ConfigError naming
     the key when the axes do not divide the devices."""
-    from guilibra_jax.errors import ConfigError
     try:
         return S.make_mesh(dict(config.mesh))
     except ValueError as e:
@@ -72,7 +73,6 @@ def gather_strings(values: list[str], width: int = 64) -> list[str]:
 
 def first_row(mesh, local_rows: int) -> int:
     """Index in a row-sharded global array of this process's first row."""
-    from guilibra_jax.train.batching import first_global_row
     return first_global_row(mesh, local_rows)
 
 
@@ -116,7 +116,6 @@ def process_states(local_state):
 
 def own_state(saved):
     """This process's entry of :func:`process_states`' output."""
-    from guilibra_jax.errors import UserError
     if isinstance(saved, dict) and set(saved) == {"per_process"}:
         states = saved["per_process"]
         if len(states) != jax.process_count():

@@ -10,6 +10,8 @@ from typing import Any, Mapping, Sequence
 import jax
 import optax
 
+from guilibra_jax.choices import SCHEDULES
+
 
 def param_paths(params: Any) -> Any:
     """Same tree as ``params`` with each leaf replaced by its '/'-joined path."""
@@ -36,7 +38,7 @@ def learning_rate_schedule(lr: float, total_steps: int, warmup_steps: int = 0, s
     elif schedule == "constant":
         tail = optax.constant_schedule(lr)
     else:
-        raise ValueError(f"optim.schedule: unknown schedule {schedule!r}; expected cosine, linear or constant")
+        raise ValueError(f"optim.schedule: unknown schedule {schedule!r}; expected one of {SCHEDULES}")
     if warmup_steps <= 0:
         return tail
     return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup_steps), tail], [warmup_steps])

@@ -19,6 +19,8 @@ import os
 from typing import Any
 
 from guilibra_jax.errors import ConfigError
+from guilibra_jax.train.checkpoint import write_json
+from guilibra_jax.train.config import base_config
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +48,6 @@ def config_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[
     """Full key -> (old value, new value) for every key of two flattened configs that
     differs. A key the old config lacks (added to the code since) counts as unchanged
     when it holds today's default."""
-    from guilibra_jax.train.config import base_config
     defaults = flatten(base_config().to_dict())
     missing = object()
     changes = {}
@@ -80,7 +81,6 @@ def record_config(config, workdir: str, *, is_main: bool = True) -> None:
     :class:`ConfigError` naming each differing key with its old and new value, unless
     ``train.allow_config_change``, which appends the change to ``config_history.jsonl``
     (``config.json`` keeps the original). Every process checks; only ``is_main`` writes."""
-    from guilibra_jax.train.checkpoint import write_json
     path = os.path.join(workdir, CONFIG_FILE)
     current = config.to_dict()
     if not os.path.exists(path):
@@ -91,7 +91,7 @@ def record_config(config, workdir: str, *, is_main: bool = True) -> None:
     if not changes:
         return
     listing = ", ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in ((k, *v) for k, v in changes.items()))
-    if not config.train.get("allow_config_change", False):
+    if not config.train.allow_config_change:
         raise ConfigError(f"workdir {workdir} holds a run started with a different config ({path}); changed: "
                           f"{listing}. Rerun with the run's config, use a new --workdir, or pass "
                           f"--config.train.allow_config_change=True to accept the change (recorded in "

@@ -3,7 +3,6 @@ grounds targets and writes reasoning; slow, failing, malformed, unparseable and
 contradicting replies are counted by reason and never stop the run."""
 import json
 import re
-import time
 import zlib
 
 from curate_fixtures import oracle_config, read_jsonl
@@ -12,8 +11,9 @@ from guilibra_jax.curate import run as CRUN
 from guilibra_jax.data import readers as RD
 from tests.eval.fake_chat_server import FakeChatServer
 
-SLOW = 1.0        # seconds a "slow" reply takes; the client gives up after TIMEOUT
-TIMEOUT = 0.4
+# A "slow" reply hangs until the server stops, so the client's TIMEOUT always ends it first;
+# every other reply takes a millisecond, far within TIMEOUT however loaded the machine.
+TIMEOUT = 2.0
 
 
 def _user_text(body) -> str:
@@ -26,7 +26,7 @@ def category(text: str) -> str:
     return ("contradicts_label", "unparsed", "failed:timeout", "accepted", "accepted")[zlib.crc32(text.encode()) % 5]
 
 
-def fake_reply(served: list):
+def fake_reply(served: list, closing):
     def reply(body):
         text, system = _user_text(body), body["messages"][0]["content"]
         if system == "You are a helpful assistant.":                         # a box request
@@ -38,7 +38,7 @@ def fake_reply(served: list):
         served.append(cat)
         gold = json.loads(text.split("Correct next action: ")[1])
         if cat == "failed:timeout":
-            time.sleep(SLOW)
+            closing.wait(60)   # set when the server stops
         if cat == "unparsed":
             return "Sure! I would tap it."
         if cat == "contradicts_label":
@@ -53,8 +53,8 @@ def test_endpoint_grounds_and_writes_reasoning_counting_every_failure(world, tmp
     names = [CP.box_target_text(r) for r in with_target]
     unique = next(n for n in names if names.count(n) == 1)
     served: list = []
-    with FakeChatServer(slow_seconds=SLOW) as server:
-        server.reply_fn = fake_reply(served)
+    with FakeChatServer() as server:
+        server.reply_fn = fake_reply(served, server.closing)
         server.script = {json.dumps(f'element "{unique}"')[1:-1]: ["malformed", "malformed"],  # its box: fails
                          "Correct next action": ["500"]}                        # a reasoning request: retried
         cfg = oracle_config(world, stages=("box", "reasoning"))

@@ -1,4 +1,4 @@
-"""Online RL in the browser (``rl.world=miniwob``, ``train/online.py``): the live states'
+"""Online RL in the browser (``rl.world=miniwob``, ``train/rl/online.py``): the live states'
 prompts are the dataset path's prompts for the same records, the loop's reward of an
 expert response is the pool's verdict on the page, a restored source replays the same
 pages, and ``python -m launch.train`` runs GRPO on live pages, logs episode metrics and
@@ -64,7 +64,7 @@ def pool():
     if REASON is not None:
         pytest.skip(f"MiniWoB++ unavailable: {REASON}")
     from guilibra_jax.envs.miniwob.pool import EnvPool
-    from guilibra_jax.train.online import policy_coords
+    from guilibra_jax.train.rl.online import policy_coords
     c = smoke_config()
     space, resized = policy_coords(c, c.model.tiny.family)
     p = EnvPool(2, scale=c.rl.online.scale, max_steps=c.rl.online.max_steps, coord_space=space,
@@ -87,7 +87,7 @@ def tokenizer_dir(pool, tmp_path_factory):
 def _source(pool, tokenizer_dir, workdir):
     from guilibra_jax.train import model_factory as MF
     from guilibra_jax.train.data_source import prepare_tokenizer
-    from guilibra_jax.train.online import OnlinePrompts, policy_coords
+    from guilibra_jax.train.rl.online import OnlinePrompts, policy_coords
     c = smoke_config()
     c.tokenizer.path = tokenizer_dir
     tok = prepare_tokenizer(c, str(workdir))
@@ -97,7 +97,7 @@ def _source(pool, tokenizer_dir, workdir):
 
 
 def _rows_by_where(batch):
-    from guilibra_jax.train import rollout as RO
+    from guilibra_jax.train.rl import rollout as RO
     ro = RO.expand_groups(batch, 1)
     out = {}
     for r, where in enumerate(batch["where"]):
@@ -114,7 +114,7 @@ def test_live_batch_is_the_dataset_paths_batch_of_the_same_records(pool, tokeniz
     c, tok, mc, src, _ = _source(pool, tokenizer_dir, tmp_path)
     batch = next(src)
     assert batch["row_valid"].all() and len(batch["where"]) == 2
-    # the same states written as a dataset (images as PNG files), read the way train_rl reads data
+    # the same states written as a dataset (images as PNG files), read the way the RL trainer reads data
     os.makedirs(tmp_path / "images")
     with open(tmp_path / "train.jsonl", "w") as f:
         for i, res in enumerate(src.results):
@@ -141,7 +141,7 @@ def test_expert_answers_score_one_in_the_loop_and_succeed_on_the_page(pool, toke
     """The loop's reward of a response and the pool's step reward of the same response in the
     page agree; an expert response earns 1 and (click-test) the page's success."""
     from guilibra_jax import actions as A
-    from guilibra_jax.train import rollout as RO
+    from guilibra_jax.train.rl import rollout as RO
     c, tok, mc, src, resized = _source(pool, tokenizer_dir, tmp_path)
     src._ensure()
     src.results = pool.reset([("click-test", 5), ("click-button", 5)])
@@ -167,7 +167,7 @@ def test_expert_answers_score_one_in_the_loop_and_succeed_on_the_page(pool, toke
 
 @browser
 def test_restored_source_replays_the_same_pages(pool, tokenizer_dir, tmp_path):
-    from guilibra_jax.train import rollout as RO
+    from guilibra_jax.train.rl import rollout as RO
     c, tok, mc, src, _ = _source(pool, tokenizer_dir, tmp_path)
     batch = next(src)
     ro = RO.expand_groups(batch, 2)

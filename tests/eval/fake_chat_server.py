@@ -1,21 +1,26 @@
 """A local OpenAI-compatible chat server for tests (127.0.0.1, a free port, stops with
 the test). Each request's behaviour is scripted by a keyword found in its text:
 ``server.script["KEY"] = ["slow", "500", "ok"]`` answers the first request holding KEY
-slowly, the second with HTTP 500, then normally. Behaviours: ok, slow (sleeps
-``slow_seconds`` then answers), 500, 503, 429 (with Retry-After: 0), 400, malformed (not
-JSON), empty (JSON without choices), drop (closes the connection)."""
+slowly, the second with HTTP 500, then normally. Behaviours: ok, slow (waits
+``slow_seconds`` then answers; ``slow_seconds=None``: answers only when the server
+stops, so the client's timeout always comes first, however loaded the machine), together
+(answers once ``together`` requests have been in flight at once: concurrency shown by the
+server's counters, not by wall time), 500, 503, 429 (with Retry-After: 0), 400,
+malformed (not JSON), empty (JSON without choices), drop (closes the connection).
+``closing`` is set when the server stops (a ``reply_fn`` can wait on it to hang)."""
 from __future__ import annotations
 
 import contextlib
 import json
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class FakeChatServer:
-    def __init__(self, reply: str = "<answer>{}</answer>", slow_seconds: float = 1.0, model: str = "fake-model"):
-        self.reply, self.slow_seconds, self.model = reply, slow_seconds, model
+    def __init__(self, reply: str = "<answer>{}</answer>", slow_seconds: float | None = 1.0,
+                 model: str = "fake-model", together: int = 0):
+        self.reply, self.slow_seconds, self.model, self.together = reply, slow_seconds, model, together
+        self.closing = threading.Event()
         self.script: dict[str, list[str]] = {}
         self.requests: list[dict] = []
         self.headers: list[dict] = []
@@ -23,6 +28,7 @@ class FakeChatServer:
         self.max_in_flight = 0
         self.reply_fn = None                       # optional: request body -> reply text
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
@@ -33,6 +39,9 @@ class FakeChatServer:
         return self
 
     def __exit__(self, *exc):
+        self.closing.set()   # held replies end now
+        with self._changed:
+            self._changed.notify_all()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -75,6 +84,7 @@ class FakeChatServer:
                     server.headers.append(dict(self.headers))
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                    server._changed.notify_all()
                 self._counted = True
                 try:
                     self._answer(body, server._behaviour(body))
@@ -91,7 +101,11 @@ class FakeChatServer:
 
             def _answer(self, body, behaviour):
                 if behaviour == "slow":
-                    time.sleep(server.slow_seconds)
+                    server.closing.wait(server.slow_seconds)
+                if behaviour == "together":
+                    with server._changed:
+                        server._changed.wait_for(lambda: server.max_in_flight >= server.together
+                                                 or server.closing.is_set(), timeout=60)
                 if behaviour in ("500", "503", "400"):
                     return self._send(int(behaviour), b'{"error": "scripted"}')
                 if behaviour == "429":

@@ -28,7 +28,9 @@ def _torch_logits(model, ids, mask, mm, grid, pix):
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
 def test_round_trip_reloads_in_transformers_with_identical_logits(loaded, tmp_path, family):
   from transformers import AutoModelForImageTextToText
-  hf, model, config, src = loaded[family]
+  hf, model, config, shared = loaded[family]
+  src = str(tmp_path / "src")   # the session's folder is every test's: this test adds a file to a copy
+  shutil.copytree(shared, src)
   with open(os.path.join(src, "tokenizer_config.json"), "w") as f:
     json.dump({"model_max_length": 128}, f)
   out = tmp_path / "export"

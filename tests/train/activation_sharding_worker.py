@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import json  # noqa: E402
 
 from configs import demo  # noqa: E402
-from guilibra_jax.train import plan as PLAN  # noqa: E402
+from guilibra_jax.train import recipe_plan as PLAN  # noqa: E402
 
 c = demo.get_config("smoke")
 c.data.max_length, c.data.seq_buckets = 1024, (1024,)

@@ -6,6 +6,12 @@ The helpers read only what a user sees: the log lines ("resumed from step N",
 unfinished ``<step>.orbax-checkpoint-tmp-*``), ``metrics.jsonl`` and the exported
 safetensors. Every launch of a test shares one persistent XLA compilation cache, so
 that a rerun does not pay the compile again (cached executables are the same code).
+
+Random kill moments come from ``SEED``: ``GUILIBRA_CHAOS_SEED`` when set, else drawn once
+per session from the clock. :func:`chaos_run` prints it first (pytest shows a failing
+test's output) and names it in its failure messages; rerun a failure with
+``GUILIBRA_CHAOS_SEED=<seed>`` for the same moments (the moments are steps and fractions
+of a step's time, so the timing itself still varies with the machine).
 """
 from __future__ import annotations
 
@@ -25,6 +31,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 UNFINISHED = ".orbax-checkpoint-tmp"
 RESUMED = re.compile(r"resumed from step (\d+)")
 FRESH = "starting from step 0"
+SEED = int(os.environ.get("GUILIBRA_CHAOS_SEED") or time.time_ns() % 2**31)
+
+
+def seed_note(seed: int) -> str:
+    return f"chaos seed {seed} (rerun with GUILIBRA_CHAOS_SEED={seed})"
 
 
 def env(cache_dir: str) -> dict:
@@ -196,21 +207,26 @@ def export_tensors(workdir: str) -> dict[str, np.ndarray]:
     return load_file(os.path.join(workdir, "export", "model.safetensors"))
 
 
-def assert_bitwise_equal_exports(reference: str, workdir: str) -> None:
+def assert_bitwise_equal_exports(reference: str, workdir: str, notes: list[str] = ()) -> None:
+    """``notes``: what the failure message adds (the chaos seed and the kills)."""
     a, b = export_tensors(reference), export_tensors(workdir)
-    assert sorted(a) == sorted(b)
+    assert sorted(a) == sorted(b), "; ".join(notes)
     differ = [k for k in a if not np.array_equal(a[k], b[k])]
     worst = {k: float(np.abs(a[k].astype(np.float64) - b[k]).max()) for k in differ[:5]}
-    assert not differ, f"{len(differ)} of {len(a)} exported tensors differ from the uninterrupted run: {worst}"
+    assert not differ, (f"{len(differ)} of {len(a)} exported tensors differ from the uninterrupted run: {worst}; "
+                        + "; ".join(notes))
 
 
-def chaos_run(workdir: str, args: list[str], cache_dir: str, rng: random.Random, kills: int, steps: int,
+def chaos_run(workdir: str, args: list[str], cache_dir: str, seed: int, kills: int, steps: int,
               startup_s: float = 20.0) -> list[str]:
-    """Kill -9 the run ``kills`` times at random moments, each time rerunning the same
-    command; then run it to the end. Every launch that gets as far as opening its
-    checkpoints must say it resumed from the newest complete checkpoint present when it
-    started. Returns where each kill landed."""
-    notes = []
+    """Kill -9 the run ``kills`` times at random moments drawn from ``seed``, each time
+    rerunning the same command; then run it to the end. Every launch that gets as far as
+    opening its checkpoints must say it resumed from the newest complete checkpoint
+    present when it started. Returns the seed's note and where each kill landed (for
+    the caller's failure messages)."""
+    rng = random.Random(seed)
+    notes = [seed_note(seed)]
+    print(notes[0], flush=True)   # in the report of any failure, whatever raised
     for k in range(kills):
         expected = max(complete_steps(workdir), default=0)
         run, where = kill_at_random_moment(workdir, args, cache_dir, rng, steps, startup_s)

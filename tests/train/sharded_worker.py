@@ -63,8 +63,9 @@ def run_mesh(shape, data, args, cfg, graphdef, pstate):
     from flax import nnx
 
     from guilibra_jax import sharding as S
-    from guilibra_jax.train import optimizer, sft_step, step_core
-    from guilibra_jax.train.loop import put_batch, stack_micro_batches
+    from guilibra_jax.train import optimizer, step_core
+    from guilibra_jax.train.sft import step as sft_step
+    from guilibra_jax.train.batching import put_batch, stack_micro_batches
 
     devices = jax.devices()[:math.prod(shape)]
     mesh = S.make_mesh(shape, devices=devices)

@@ -43,7 +43,7 @@ def _dataset(folder: str) -> str:
 
 def test_training_over_20_percent_corrupted_records_uses_every_good_one_and_counts_the_rest(tmp_path, caplog):
     from configs import demo
-    from guilibra_jax.train import loop
+    from guilibra_jax.train.run import train
 
     c = demo.get_config("smoke")
     c.data.synthetic.enabled = False
@@ -57,7 +57,7 @@ def test_training_over_20_percent_corrupted_records_uses_every_good_one_and_coun
     c.train.tensorboard = False
     workdir = str(tmp_path / "run")
     with caplog.at_level(logging.INFO):
-        final = loop.train(c, workdir)
+        final = train(c, workdir)
     rows = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and final["step"] == 5
     counts = {k: v for k, v in rows[-1].items() if k.startswith("data/")}

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from guilibra_jax.train import checkpoint as C
-from guilibra_jax.train.loop import open_checkpoints
+from guilibra_jax.train.run import open_checkpoints
 
 
 def _state(step: int) -> dict:

@@ -15,6 +15,7 @@ import pytest
 
 from guilibra_jax.errors import ConfigError
 from guilibra_jax.train import config as C
+from guilibra_jax.train import config_checks as K
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SFT = "--config=configs/demo.py:smoke"
@@ -148,6 +149,23 @@ def test_every_base_config_key_has_a_rule_and_every_rule_a_key():
     keys = [k for k, _ in C._walk(C.base_config())]
     assert sorted(set(keys) - set(C.RULES)) == []
     assert sorted(set(C.RULES) - set(keys)) == []
+    assert list(C.RULES) == list(C.KEYS)   # the rules are the table's
+    for key, k in C.KEYS.items():
+        assert isinstance(k.rule, K.Check) and k.rule.expected, key
+        k.rule(key, k.default)   # every default passes its own rule
+        value = C.base_config()
+        for part in key.split("."):
+            value = value[part]
+        assert (value.to_dict() if hasattr(value, "to_dict") else value) == k.default, key
+
+
+def test_base_config_is_fresh_each_call():
+    a, b = C.base_config(), C.base_config()
+    a.data.pixels["mobile"] = (1, 2)
+    a.rl.teachers["desktop"] = "random:0"
+    a.train.tensorboard = False        # 'auto' or a bool: a FieldReference of field type object
+    assert b.data.pixels.to_dict() == {} and b.rl.teachers.to_dict() == {} and b.train.tensorboard == "auto"
+    assert C.base_config().to_dict() == b.to_dict()
 
 
 def test_recipes_pass_validation():
@@ -173,9 +191,34 @@ def test_recipes_pass_validation():
 
 def test_constants_mirrored_from_heavy_modules_agree():
     from guilibra_jax.data.demo_tokenizer import QWEN_SPECIAL_TOKENS
-    from guilibra_jax.envs.adapter import PLATFORMS
-    assert C.SYNTHETIC_PLATFORMS == PLATFORMS
     assert C.DEMO_MIN_VOCAB == len(QWEN_SPECIAL_TOKENS) + 256
+
+
+def test_enumerations_are_defined_once_in_choices():
+    """The modules that act on a config value use the very tuples the rules check against."""
+    from guilibra_jax import choices as CH
+    from guilibra_jax import losses, rewards
+    from guilibra_jax.data import prompts, readers, tokenize
+    from guilibra_jax.envs import adapter
+    from guilibra_jax.models import config as model_config
+    from guilibra_jax.models import model
+    from guilibra_jax.train import metrics
+    from guilibra_jax.train.model_factory import DTYPES
+    from guilibra_jax.train.rl import advantages
+
+    same = [(losses.NORMALIZATIONS, CH.NORMALIZATIONS), (losses.WEIGHTINGS, CH.WEIGHTINGS),
+            (losses.KL_KINDS, CH.KL_KINDS), (losses.AGGREGATIONS, CH.AGGREGATIONS),
+            (losses.MOPD_ESTIMATORS, CH.MOPD_ESTIMATORS), (model_config.FAMILIES, CH.FAMILIES),
+            (readers.FORMATS, CH.DATA_FORMATS), (tokenize.WEIGHTINGS, CH.WEIGHTINGS),
+            (advantages.KL_MASKS, CH.KL_MASKS), (rewards.FORMAT_RULES, CH.REWARD_RULES),
+            (rewards.MOPD_RULES, CH.MOPD_REWARD_RULES), (adapter.PLATFORMS, CH.PLATFORMS),
+            (metrics.WANDB_MODES, CH.WANDB_MODES), (prompts.METHODS, CH.TARGET_FORMATS),
+            (prompts.OPEN_THINK_SETTINGS, CH.OPEN_THINK)]
+    assert all(a is b for a, b in same), [b for a, b in same if a is not b]
+    assert tuple(model.REMAT_POLICIES) == CH.REMATS and tuple(DTYPES) == CH.DTYPE_NAMES
+    for key, choices in [("method", CH.METHODS), ("model.remat", CH.REMATS), ("rl.kl_kind", CH.KL_KINDS),
+                         ("rl.mopd.estimator", CH.MOPD_ESTIMATORS), ("data.format", CH.DATA_FORMATS)]:
+        assert C.RULES[key].expected == "one of " + ", ".join(map(repr, choices)), key
 
 
 def test_regex_options_that_match_no_parameter_name_the_key_and_pattern():
@@ -184,7 +227,7 @@ def test_regex_options_that_match_no_parameter_name_the_key_and_pattern():
 
     from guilibra_jax import models as M
     from guilibra_jax.train import fake_batch
-    from guilibra_jax.train.loop import optimizer_from_config
+    from guilibra_jax.train.state import optimizer_from_config
 
     model = nnx.eval_shape(lambda: M.QwenVL(fake_batch.tiny_config(), rngs=nnx.Rngs(0)))
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))

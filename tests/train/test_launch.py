@@ -5,7 +5,7 @@ checkpoint; config errors name the key; the exported Hugging Face folder loads i
 transformers with matching logits."""
 import json
 import os
-import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +21,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # a resume may have to redo steps.
 SMOKE = ["--config=configs/demo.py:smoke", "--config.data.synthetic.tasks=8", "--config.train.steps=6",
          "--config.train.checkpoint_every=2"]
-SEED = int(os.environ.get("GUILIBRA_CHAOS_SEED", time.time_ns() % 2**31))
 
 
 def launch(workdir, *extra, wait=True, env=None):
@@ -63,13 +62,13 @@ def test_kill_9_during_an_async_save_and_at_a_random_moment_then_reruns_are_bitw
     assert max(chaos.complete_steps(workdir), default=0) < cut
     # The next launch resumes from the newest complete checkpoint before the cut save
     # (removing the unfinished one); it is killed again at a random moment.
-    notes = chaos.chaos_run(workdir, SMOKE, compile_cache, random.Random(SEED), kills=1, steps=6)
-    assert not chaos.unfinished_saves(workdir)
-    assert chaos.complete_steps(workdir)[-1] == 6
-    chaos.assert_bitwise_equal_exports(uninterrupted, workdir)
+    notes = chaos.chaos_run(workdir, SMOKE, compile_cache, chaos.SEED, kills=1, steps=6)
+    assert not chaos.unfinished_saves(workdir), notes
+    assert chaos.complete_steps(workdir)[-1] == 6, notes
+    chaos.assert_bitwise_equal_exports(uninterrupted, workdir, notes)
     last = {r["step"]: r["loss"] for r in chaos.metric_rows(workdir)}  # a step logged again: the last row
     ref = {r["step"]: r["loss"] for r in chaos.metric_rows(uninterrupted)}
-    assert 6 in last and all(last[s] == loss for s, loss in ref.items() if s in last), (SEED, notes)
+    assert 6 in last and all(last[s] == loss for s, loss in ref.items() if s in last), notes
 
 
 # The demo recipe's model and data (480 synthetic tasks), 30 steps, a checkpoint every 5.
@@ -82,9 +81,9 @@ def test_demo_run_killed_at_ten_random_moments_ends_bitwise_exact(compile_cache,
     reference = str(tmp_path / "reference")
     chaos.run_to_end(reference, DEMO, compile_cache, timeout=3600)
     workdir = str(tmp_path / "killed")
-    notes = chaos.chaos_run(workdir, DEMO, compile_cache, random.Random(SEED), kills=10, steps=30, startup_s=40.0)
-    print("\n".join([f"seed {SEED}", *notes]))
-    chaos.assert_bitwise_equal_exports(reference, workdir)
+    notes = chaos.chaos_run(workdir, DEMO, compile_cache, chaos.SEED, kills=10, steps=30, startup_s=40.0)
+    print("\n".join(notes))
+    chaos.assert_bitwise_equal_exports(reference, workdir, notes)
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
@@ -110,16 +109,18 @@ def test_a_finished_run_leaves_its_profile_trace_curves_and_compilation_cache(un
     assert (pre["min_pixels"], pre["max_pixels"]) == (56 * 56, 112 * 112)      # configs/demo.py
 
 
-def test_a_rerun_with_another_config_refuses_to_start_and_names_the_keys(uninterrupted):
-    before = open(os.path.join(uninterrupted, "config.json")).read()
-    out = subprocess.run([sys.executable, "-m", "launch.train", f"--workdir={uninterrupted}", *SMOKE,
+def test_a_rerun_with_another_config_refuses_to_start_and_names_the_keys(uninterrupted, tmp_path):
+    workdir = str(tmp_path / "rerun")   # a copy: the module's run is every test's, whatever this rerun does
+    shutil.copytree(uninterrupted, workdir)
+    before = open(os.path.join(workdir, "config.json")).read()
+    out = subprocess.run([sys.executable, "-m", "launch.train", f"--workdir={workdir}", *SMOKE,
                           "--config.train.steps=8", "--config.optim.lr=0.01"], cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"},
                          capture_output=True, text=True, timeout=600)
     errors = [l for l in out.stderr.splitlines() if l.startswith("error:")]
     assert out.returncode == 2 and len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert "train.steps: 6 -> 8" in errors[0] and "optim.lr: 0.003 -> 0.01" in errors[0]
-    assert open(os.path.join(uninterrupted, "config.json")).read() == before
+    assert open(os.path.join(workdir, "config.json")).read() == before
 
 
 def test_unknown_config_key_is_named(tmp_path):
@@ -248,7 +249,7 @@ def test_export_image_processor_and_chat_template_give_our_prompt_and_logits(uni
 def test_autoprocessor_on_the_export_gives_our_prompt_and_logits(uninterrupted):
     """AutoProcessor (what vLLM and users load) on the export. Needs torchvision, which
     transformers' Qwen video processor imports; not in the test extra (5.3 GB of CUDA
-    torch beside torch 2.13 CPU, see docs/notes/eco.md): the test above covers the same files."""
+    torch beside torch 2.13 CPU, no torchvision build imports beside the CPU torch): the test above covers the same files."""
     try:
         import torchvision  # noqa: F401
     except Exception as e:  # ImportError, or a CUDA build's RuntimeError beside CPU torch
@@ -318,6 +319,7 @@ def test_convert_step_exports_that_checkpoint_and_a_missing_step_is_one_line(uni
     final = load_file(os.path.join(uninterrupted, "export", "model.safetensors"))
     assert any(not np.array_equal(early[k], final[k]) for k in final)
     assert os.path.exists(os.path.join(tmp_path, "early", "preprocessor_config.json"))
-    bad = subprocess.run(cmd + ["--step=5"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    bad = subprocess.run(cmd + ["--step=5", f"--out={tmp_path / 'step5'}"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "--step=5" in bad.stderr and str(steps) in bad.stderr

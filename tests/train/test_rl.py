@@ -18,12 +18,14 @@ from guilibra_jax import models as M
 from guilibra_jax import sharding as S
 from guilibra_jax.train import fake_batch as F
 from guilibra_jax.errors import ConfigError
-from guilibra_jax.train import advantages as ADV
-from guilibra_jax.train import frozen as FZ
-from guilibra_jax.train import rl_loop
-from guilibra_jax.train import rollout as RO
-from guilibra_jax.train.loop import stack_micro_batches
-from guilibra_jax.train.rl_step import make_rl_step
+from guilibra_jax.train.config import base_config
+from guilibra_jax.train.rl import advantages as ADV
+from guilibra_jax.train.rl import frozen as FZ
+from guilibra_jax.train.rl import phases as PH
+from guilibra_jax.train.rl import setup as RS
+from guilibra_jax.train.rl import rollout as RO
+from guilibra_jax.train.batching import stack_micro_batches
+from guilibra_jax.train.rl.step import make_rl_step
 from guilibra_jax.train.step_core import init_state
 
 GROUP = 2
@@ -178,9 +180,9 @@ def test_each_sequence_is_scored_by_its_platform_teacher():
 
 
 def rl_config(**kw):
-    rl = mlc.ConfigDict(dict(normalize_std=False, sngs=dict(enabled=True, lambda0=0.5, kappa=1.5,
-                                                             signal="mean_reward"),
-                             mopd=dict(kl_mask_tau=0.1, pass_floor=0.01, kl_mask="paper")))
+    rl = base_config().rl   # every key at its default (callers never re-default a key)
+    rl.update(dict(normalize_std=False, sngs=dict(enabled=True, lambda0=0.5, kappa=1.5, signal="mean_reward"),
+                   mopd=dict(kl_mask_tau=0.1, pass_floor=0.01, kl_mask="paper")))
     rl.update(kw)
     return rl
 
@@ -188,7 +190,7 @@ def rl_config(**kw):
 def test_advantages_sngs_pass_floor_and_kl_mask_by_hand():
     # GRPO (GUI-Libra rewards in [0, 1]); two groups of 4, advantages r - mean (normalize_std off)
     rewards = np.array([1.0, 0.0, 0.0, 0.0, 0.1, 0.1, 0.0, 0.1])
-    grpo = rl_loop.advantages(rewards, rewards >= 1.0, 4, "grpo", rl_config())
+    grpo = ADV.compute(rewards, rewards >= 1.0, 4, "grpo", rl_config())
     lam0, lam1 = 0.5 + 1.5 * 0.25, 0.5 + 1.5 * 0.075          # min(lambda0 + kappa * mean, 1)
     np.testing.assert_allclose(grpo["advantages"], [0.75, -0.25 * lam0, -0.25 * lam0, -0.25 * lam0,
                                                     0.025, 0.025, -0.075 * lam1, 0.025], rtol=1e-5)
@@ -197,7 +199,7 @@ def test_advantages_sngs_pass_floor_and_kl_mask_by_hand():
     # MOPD rewards (1 / -0.5 / -1): group 0 pass rate 0.25 > tau 0.1 -> KL off, advantages
     # kept; group 1 pass rate 0 < floor 0.01 -> advantages zeroed, KL on.
     rewards = np.array([1.0, -0.5, -0.5, -0.5, -0.5, -0.5, -1.0, -0.5])
-    mopd = rl_loop.advantages(rewards, rewards >= 1.0, 4, "mopd", rl_config())
+    mopd = ADV.compute(rewards, rewards >= 1.0, 4, "mopd", rl_config())
     np.testing.assert_allclose(mopd["advantages"], [1.125, -0.375, -0.375, -0.375, 0, 0, 0, 0])
     np.testing.assert_array_equal(mopd["kl_mask"], [0, 0, 0, 0, 1, 1, 1, 1])
 
@@ -205,7 +207,7 @@ def test_advantages_sngs_pass_floor_and_kl_mask_by_hand():
 def test_kl_mask_off_keeps_the_kl_and_the_advantages_everywhere():
     """The UI-MOPD release script: no KL mask and no pass-rate floor."""
     rewards = np.array([1.0, -0.5, -0.5, -0.5, -0.5, -0.5, -1.0, -0.5])
-    off = rl_loop.advantages(rewards, rewards >= 1.0, 4, "mopd", rl_config(mopd=dict(kl_mask_tau=0.1,
+    off = ADV.compute(rewards, rewards >= 1.0, 4, "mopd", rl_config(mopd=dict(kl_mask_tau=0.1,
                                                                                    pass_floor=0.01, kl_mask="off")))
     np.testing.assert_allclose(off["advantages"], [1.125, -0.375, -0.375, -0.375, 0.125, 0.125, -0.375, 0.125])
     np.testing.assert_array_equal(off["kl_mask"], np.ones(8))
@@ -270,7 +272,7 @@ def test_grpo_updates_raise_the_reward_of_a_bandit():
         sample(cfg, graphdef, state["params"], ro, n_new=2, seed=it)
         reward = np.array([float(t in good) for t in ro.tokens[:, 0]], np.float32)
         means.append(reward.mean())
-        adv = rl_loop.advantages(reward, reward > 0, 8, "grpo", rl)
+        adv = ADV.compute(reward, reward > 0, 8, "grpo", rl)
         host = update_batch(cfg, graphdef, state["params"], ro, advantages=adv["advantages"])
         stacked = device(stack_micro_batches([host])) | {
             "vision": jax.tree.map(lambda x: jnp.asarray(x)[None], M.vision.device_vision_inputs(host["vision"]))}
@@ -297,14 +299,14 @@ def _fake_stage(monkeypatch, successes_per_round, update_groups, max_rounds, gro
         ok = np.asarray(next(rounds), bool)
         return RO.Scored(ok.astype(np.float32), ok, {})
 
-    monkeypatch.setattr(rl_loop, "rollout", fake_rollout)
-    monkeypatch.setattr(rl_loop, "reward", fake_reward)
+    monkeypatch.setattr(PH, "rollout", fake_rollout)
+    monkeypatch.setattr(PH, "reward", fake_reward)
     config = mlc.ConfigDict(dict(data=dict(batch_size=2), rl=dict(group_size=group, update_groups=update_groups,
                                                                   group_filter=dict(enabled=True,
                                                                                     max_rounds=max_rounds))))
-    stage = rl_loop.Stage2(config, *([None] * 10), row_multiple=1)
+    stage = RS.Stage2(config, *([None] * 10), row_multiple=1)
     prompts = iter([{"ids": [10 * r, 10 * r + 1]} for r in range(10)])
-    return rl_loop.collect(stage, None, prompts, 0, jax.random.PRNGKey(0))
+    return PH.collect(stage, None, prompts, 0, jax.random.PRNGKey(0))
 
 
 def test_group_filter_samples_more_rounds_until_the_update_is_full(monkeypatch):
@@ -339,7 +341,7 @@ def _stage(generation_rows=0, score_rows=0, old_logprobs="recompute", share_pref
         def decode(self, ids, **kw):
             return " ".join(map(str, ids))
 
-    s = rl_loop.Stage2(config, mesh, graphdef, cfg, Tok(), sampling, {"reference": ref}, None, 0,
+    s = RS.Stage2(config, mesh, graphdef, cfg, Tok(), sampling, {"reference": ref}, None, 0,
                        (cfg.text.vocab_size - 1,), banned, row_multiple=row_multiple)
     return s, params
 
@@ -351,10 +353,10 @@ def test_rollout_and_scoring_in_row_chunks(share):
     calls of 2 rows gives the one-call log-probs (in both scoring layouts, rl.share_prefill)."""
     cfg = tiny()[0]
     s, params = _stage(generation_rows=2)
-    ro = rl_loop.rollout(s, params, rl_batch(cfg), jax.random.PRNGKey(3))
+    ro = PH.rollout(s, params, rl_batch(cfg), jax.random.PRNGKey(3))
     assert ro.rows == 3 * GROUP and ro.tokens.shape == (ro.rows, 5)
-    whole = rl_loop.score(_stage(share_prefill=share)[0], params, ro)
-    chunked = rl_loop.score(_stage(score_rows=2, share_prefill=share)[0], params, ro)
+    whole = PH.score(_stage(share_prefill=share)[0], params, ro)
+    chunked = PH.score(_stage(score_rows=2, share_prefill=share)[0], params, ro)
     np.testing.assert_allclose(chunked.old_logp, whole.old_logp, atol=1e-5)   # other batch shapes: float noise
     np.testing.assert_allclose(chunked.ref_logp, whole.ref_logp, atol=1e-5)
     assert np.abs(whole.ref_logp - whole.old_logp).max() > 1e-3          # the reference is another model
@@ -362,7 +364,7 @@ def test_rollout_and_scoring_in_row_chunks(share):
     if share:
         sampler = RO.to_response_columns(sampler, ro.prompt_ids.shape[1], whole.n_slots)
     np.testing.assert_allclose(sampler, whole.old_logp, atol=2e-5)
-    reused = rl_loop.score(_stage(old_logprobs="auto", share_prefill=share)[0], params, ro)   # top_p 1: the sampler's
+    reused = PH.score(_stage(old_logprobs="auto", share_prefill=share)[0], params, ro)   # top_p 1: the sampler's
     np.testing.assert_array_equal(reused.old_logp, sampler)
 
 
@@ -385,13 +387,13 @@ def test_rollout_shares_each_prompts_prefill_with_its_group(monkeypatch, generat
         calls.append((prompt_ids.shape[0], copies, pixels.size // pixels.shape[-1]))
         return generate(graphdef, params, prompt_ids, *args, copies=copies, **kw)
 
-    monkeypatch.setattr(rl_loop.G, "generate", spy)
+    monkeypatch.setattr(PH.G, "generate", spy)
     key = jax.random.PRNGKey(7)
-    shared = rl_loop.rollout(_stage(generation_rows, group=group)[0], params, batch, key)
+    shared = PH.rollout(_stage(generation_rows, group=group)[0], params, batch, key)
     assert [(rows, copies) for rows, copies, _ in calls] == ([(3, 4)] if not generation_rows else [(2, 4), (1, 4)])
     shared_patches = sum(p for _, _, p in calls)
     calls.clear()
-    plain = rl_loop.rollout(_stage(generation_rows, group=group, share_prefill=False)[0], params, batch, key)
+    plain = PH.rollout(_stage(generation_rows, group=group, share_prefill=False)[0], params, batch, key)
     assert [(rows, copies) for rows, copies, _ in calls] == ([(12, 1)] if not generation_rows else [(8, 1), (4, 1)])
     n_img = np.prod(batch["image_grid_thw"][0])     # patches of one prompt's image
     assert shared_patches < 12 * n_img <= sum(p for _, _, p in calls)   # the tower sees each image once, not G times

@@ -135,7 +135,7 @@ devices, row_local = int(sys.argv[1]), sys.argv[2] == "1"
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
 os.environ["JAX_PLATFORMS"] = "cpu"
 from configs import demo
-from guilibra_jax.train import plan
+from guilibra_jax.train import plan, recipe_plan
 if not row_local:     # the image-order path: what the planner lowered before row_slots
     inputs = plan.image_inputs
     plan.image_inputs = lambda *a, **k: (lambda pv, v: (pv, {n: x for n, x in v.items() if n != "row_slots"}))(
@@ -145,7 +145,7 @@ c.model.tiny.update(family="qwen3_vl", mrope_section=(8, 12, 12), hidden=256, he
 c.mesh.fsdp, c.data.batch_size, c.train.grad_accum = devices, devices, 1
 c.data.max_length, c.data.seq_buckets, c.data.max_pixels = 2048, (2048,), 0
 c.data.synthetic.tasks = 4
-report = plan.plan_config(c, devices, 1, 80.0, workdir=sys.argv[3])
+report = recipe_plan.plan_config(c, devices, 1, 80.0, workdir=sys.argv[3])
 print(report["programs"]["asft_step"]["temp"] / 2 ** 30)
 """
 

@@ -4,6 +4,9 @@ head only at response positions. Checked against the whole-row computation it re
 (itself checked against transformers): log-probs, an RL loss and every gradient equal, for
 both families, scanned and unrolled layers; the copies per prompt follow the rows' groups;
 stage-2 scoring and a GRPO update give the same log-probs, metrics and parameters."""
+
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,8 +16,8 @@ from flax import nnx
 from guilibra_jax import generate as G
 from guilibra_jax import models as M
 from guilibra_jax.train import fake_batch as F
-from guilibra_jax.train import rl_loop
-from guilibra_jax.train import rollout as RO
+from guilibra_jax.train.rl import phases as PH
+from guilibra_jax.train.rl import rollout as RO
 from tests.train.test_rl import PATCH_BUCKET, _stage, device, rl_batch, sharpen, tiny
 
 HW = {"qwen2_5_vl": (56, 84), "qwen3_vl": (64, 96)}
@@ -114,16 +117,16 @@ def test_shared_copies_follow_the_groups_and_the_devices():
 
 @pytest.mark.parametrize("old_logprobs", ["recompute", "auto"])
 def test_stage2_scoring_and_update_equal_the_whole_row_layout(old_logprobs):
-    """rl_loop.score and rl_loop.update with rl.share_prefill on and off: the same log-probs
+    """PH.score and PH.update with rl.share_prefill on and off: the same log-probs
     (response columns), update metrics and updated parameters."""
     import optax
-    from guilibra_jax.train.rl_step import make_rl_step
+    from guilibra_jax.train.rl.step import make_rl_step
     from guilibra_jax.train.step_core import init_state
     cfg, graphdef, params = tiny()
     s_on, _ = _stage(old_logprobs=old_logprobs)
     s_off, _ = _stage(old_logprobs=old_logprobs, share_prefill=False)
-    ro = rl_loop.rollout(s_on, params, rl_batch(cfg), jax.random.PRNGKey(4))
-    sc_on, sc_off = rl_loop.score(s_on, params, ro), rl_loop.score(s_off, params, ro)
+    ro = PH.rollout(s_on, params, rl_batch(cfg), jax.random.PRNGKey(4))
+    sc_on, sc_off = PH.score(s_on, params, ro), PH.score(s_off, params, ro)
     Tp, n = ro.prompt_ids.shape[1], sc_on.n_slots
     assert sc_on.shared and not sc_off.shared and sc_on.old_logp.shape == (ro.rows, n)
     for a, b in ((sc_on.old_logp, sc_off.old_logp), (sc_on.ref_logp, sc_off.ref_logp)):
@@ -133,10 +136,10 @@ def test_stage2_scoring_and_update_equal_the_whole_row_layout(old_logprobs):
     out = {}
     for name, s, sc in (("on", s_on, sc_on), ("off", s_off, sc_off)):
         step = make_rl_step(graphdef, tx, loss="grpo", loss_kwargs=dict(kl_beta=0.1), banned_token_ids=s.banned)
-        s = rl_loop.dataclasses.replace(s, update_fn=jax.jit(step), config=s.config.copy_and_resolve_references())
+        s = dataclasses.replace(s, update_fn=jax.jit(step), config=s.config.copy_and_resolve_references())
         s.config.train = dict(grad_accum=2)
         s.config.rl.update(ppo_epochs=1, minibatches=1)
-        state, metrics, applied = rl_loop.update(s, init_state(params, tx), ro, adv, sc)
+        state, metrics, applied = PH.update(s, init_state(params, tx), ro, adv, sc)
         out[name] = (state["params"], metrics, applied)
     (p_on, m_on, a_on), (p_off, m_off, a_off) = out["on"], out["off"]
     assert a_on == a_off == [True]

@@ -45,10 +45,10 @@ def _dense_params(t):
 def test_asft_step_memory_and_flops_follow_the_parameter_count(setup, tmp_path):
     from guilibra_jax.models.model import param_count
     from guilibra_jax.train import model_factory
-    from guilibra_jax.train import plan as PLAN
+    from guilibra_jax.train import recipe_plan
 
     c, topo = setup
-    report = PLAN.plan_config(c, len(topo.devices), 1, None, str(tmp_path), topology=topo)
+    report = recipe_plan.plan_config(c, len(topo.devices), 1, None, str(tmp_path), topology=topo)
     assert report["devices"] == 4 and report["mesh"]["data"] == 4 and report["fits"] is True
     mc = model_factory.model_config_of(c, model_factory.load_tokenizer(c.tokenizer.path))
     n = param_count(mc)

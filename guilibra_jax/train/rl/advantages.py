@@ -4,7 +4,7 @@ the adaptive KL mask, and which groups group filtering keeps. numpy in, numpy ou
 
 Rows are group-major: row ``b * G + k`` is response k of prompt b.
 
-Paper vs release switches (METHOD.md sections 2, 3, 5):
+Paper vs release switches (docs/method.md):
 
 * ``rl.normalize_std``: (r - mean) / std (GUI-Libra) or r - mean (UI-MOPD).
 * ``rl.mopd.kl_mask``: "off" (the UI-MOPD release script: every sequence gets the KL
@@ -25,9 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from guilibra_jax import losses
-from guilibra_jax.train.rollout import group_view
-
-KL_MASKS = ("off", "paper", "release")
+from guilibra_jax.choices import KL_MASKS
+from guilibra_jax.train.rl.rollout import group_view
 
 
 def compute(rewards: np.ndarray, success: np.ndarray, group_size: int, method: str, rl) -> dict[str, np.ndarray]:
@@ -38,12 +37,13 @@ def compute(rewards: np.ndarray, success: np.ndarray, group_size: int, method: s
     p^ the group's mean reward or success rate); kl_mask 1.
     MOPD: advantages r - mean (std-normalised if rl.normalize_std); with rl.mopd.kl_mask
     "paper" or "release": zeroed for groups whose pass rate is below rl.mopd.pass_floor, and
-    kl_mask 0 for groups whose pass rate exceeds rl.mopd.kl_mask_tau.
+    kl_mask 0 for groups whose pass rate exceeds rl.mopd.kl_mask_tau; every advantage 0 with
+    rl.mopd.task_reward off (distillation alone).
     """
     r = group_view(rewards, group_size)
     s = group_view(success, group_size).astype(np.float32)
     adv = np.asarray(losses.group_advantages(jnp.asarray(r), normalize_std=rl.normalize_std,
-                                             std_unbiased=rl.get("std_unbiased", False)))
+                                             std_unbiased=rl.std_unbiased))
     n = r.shape[0]
     lam = np.ones(n, np.float32)
     kl_mask = np.ones(n, np.float32)
@@ -56,13 +56,15 @@ def compute(rewards: np.ndarray, success: np.ndarray, group_size: int, method: s
         pass_rate = s.mean(1)
         adv = np.where((pass_rate < rl.mopd.pass_floor)[:, None], 0.0, adv)
         kl_mask = (pass_rate <= rl.mopd.kl_mask_tau).astype(np.float32)
+    if method == "mopd" and not rl.mopd.task_reward:   # pure on-policy distillation: the teacher term only
+        adv = np.zeros_like(adv)
     rep = lambda x: np.repeat(np.asarray(x, np.float32), group_size)
     return {"advantages": adv.reshape(-1).astype(np.float32), "kl_mask": rep(kl_mask), "lambda": rep(lam)}
 
 
 def kl_mask_mode(rl) -> str:
     """rl.mopd.kl_mask ("off" | "paper" | "release")."""
-    return rl.mopd.get("kl_mask", "paper")
+    return rl.mopd.kl_mask
 
 
 def kl_totals(kl_mask: np.ndarray, token_counts: np.ndarray) -> np.ndarray:

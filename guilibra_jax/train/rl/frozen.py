@@ -25,7 +25,9 @@ import numpy as np
 from flax import nnx
 
 from guilibra_jax import generate as G
+from guilibra_jax import models as M
 from guilibra_jax.errors import ConfigError
+from guilibra_jax.train import config as run_config
 from guilibra_jax.train import model_factory
 from guilibra_jax.train import multihost as MH
 
@@ -91,10 +93,8 @@ def spec_model_config(spec: str, config, tokenizer):
     """The architecture of frozen model ``spec`` without loading weights: a folder's
     config, the policy's for ``random:<seed>``, and for an unset spec (planning a recipe
     before its teachers exist) ``rl.teacher_model_name`` or the policy's."""
-    from guilibra_jax import models as M
-    from guilibra_jax.train import config as run_config
     if not spec or is_random_spec(spec):
-        name = config.rl.get("teacher_model_name", "") if not spec else ""
+        name = config.rl.teacher_model_name if not spec else ""
         return M.named_config(name) if name else model_factory.model_config_of(config, tokenizer)
     if any(f.endswith(".safetensors") for f in os.listdir(spec)):
         return M.ModelConfig.from_hf(spec)
@@ -154,3 +154,18 @@ def score_by_platform(platforms: list[str], valid: np.ndarray, teachers: dict[st
         scored = score_rows(teachers[key], padded)
         out[rows] = scored[:len(rows)]
     return out
+
+
+def teacher_order(teachers: dict) -> list[str]:
+    """The teachers' labels in the order of the update's ``teacher_index`` (full_kl): the
+    named platforms sorted, then '*' (as :func:`score_by_platform` routes)."""
+    return sorted(k for k in teachers if k != "*") + (["*"] if "*" in teachers else [])
+
+
+def teacher_index(platforms: list[str], order: list[str]) -> np.ndarray:
+    """[rows] int32: each row's position in ``order`` (:func:`teacher_order`): its platform
+    label's teacher, else '*'. Rows with neither (invalid rows: no loss) get 0."""
+    pos = {k: i for i, k in enumerate(order)}
+    default = pos.get("*", 0)
+    return np.array([pos.get(p or "", default) for p in platforms], np.int32)
+

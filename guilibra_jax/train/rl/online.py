@@ -3,7 +3,7 @@ on-policy states ("state groups").
 
     prompts = OnlinePrompts(config, tokenizer, model_config, workdir)   # W browsers (envs.miniwob.pool)
     batch = next(prompts)      # the W live states as a collate_rl batch (the dataset path's prompt code)
-    ro = rl_loop.rollout(...)  # G responses per state; rewards: the verifier against the expert's label
+    ro = phases.rollout(...)  # G responses per state; rewards: the verifier against the expert's label
     prompts.advance(ro)        # each episode takes one step with its state's first response
     prompts.metrics()          # online/episodes, online/episode_success, online/step_reward, ...
 

@@ -8,10 +8,10 @@
                           floor and adaptive KL mask (rl.mopd.kl_mask)
             ──score────► old log-probs (policy) and reference (GRPO: the frozen SFT model) or
                          teacher (MOPD: each row's platform teacher) log-probs
-            ──update───► ppo_epochs x minibatches optimizer updates (rl_step)
+            ──update───► ppo_epochs x minibatches optimizer updates (rl/step.py)
 
-``train_rl(config, workdir)`` is what ``python -m launch.train`` runs for
-``method=grpo|mopd``; each phase is a function below with explicit inputs and outputs.
+Each phase is a function below with explicit inputs and outputs; ``rl/trainer.py`` runs
+them in order, once per step (``python -m launch.train`` with ``method=grpo|mopd``).
 
 Processes. Every process draws its own prompts (``data.batch_size / process_count`` per
 round) and keeps the G responses of a prompt, so group statistics are computed where the
@@ -25,203 +25,33 @@ every process's prompt iterator, and the sampling key (derived from the step and
 from __future__ import annotations
 
 import dataclasses
-import logging
-import os
-import time
-from typing import Any
 
 import jax
 import numpy as np
-from flax import nnx
 
 from guilibra_jax import actions as A
 from guilibra_jax import generate as G
 from guilibra_jax import sharding as S
-from guilibra_jax.models.vision import device_vision_inputs, prepare_vision_inputs
-from guilibra_jax.train import advantages as ADV
-from guilibra_jax.train import checkpoint as C
-from guilibra_jax.train import frozen as FZ
-from guilibra_jax.train import model_factory
 from guilibra_jax.train import multihost as MH
-from guilibra_jax.train import rollout as RO
-from guilibra_jax.train import run_history
-from guilibra_jax.train.batching import put_batch, stack_micro_batches
-from guilibra_jax.train.guards import Divergence, Preemption
-from guilibra_jax.train.loop import (eval_and_checkpoint, finish_run, open_checkpoints, optimizer_from_config,
-                                     sharded_state)
-from guilibra_jax.train.metrics import Progress, writer_for_run
-from guilibra_jax.train.profiler import StepProfiler
-from guilibra_jax.train.rl_step import make_rl_step
-
-log = logging.getLogger(__name__)
-
-# Kept for callers of the old names.
-Frozen = FZ.Frozen
-advantages = ADV.compute
+from guilibra_jax.train.batching import stack_micro_batches
+from guilibra_jax.train.rl import advantages as ADV
+from guilibra_jax.train.rl import frozen as FZ
+from guilibra_jax.train.rl import rollout as RO
+from guilibra_jax.train.rl.layout import (agreed_copies, device_inputs, local_chunk, model_batch, row_chunks,
+                                          update_calls)
+from guilibra_jax.train.rl.setup import (Stage2, reuse_sampler_log_probs, shares_prompts, update_groups,
+                                         uses_full_kl)
 
 
-# ----------------------------------------------------------------------------- the run's fixed parts
-@dataclasses.dataclass
-class Stage2:
-    """What every phase needs, built once per run by :func:`setup`."""
-
-    config: Any
-    mesh: Any
-    graphdef: Any
-    model_config: Any
-    tokenizer: Any
-    sampling: G.SamplingConfig
-    frozen: dict
-    update_fn: Any          # jitted (state, batch) -> (state, metrics)
-    pad_id: int
-    stop: tuple
-    banned: tuple
-    row_multiple: int       # rows per process of any global batch: a multiple of this
-    think_opened: bool = False   # prompts open <think> (data.open_think): responses may lack it
-
-    @property
-    def rl(self):
-        return self.config.rl
-
-    @property
-    def method(self) -> str:
-        return self.config.method
-
-    @property
-    def patch_bucket(self) -> int:
-        return self.config.data.patch_bucket
-
-    @property
-    def chunk(self) -> int | None:
-        return self.config.rl.score_chunk or None
-
-
-def loss_kwargs(config) -> dict:
-    rl = config.rl
-    if config.method == "grpo":
-        return dict(clip_low=rl.clip_low, clip_high=rl.clip_high, kl_beta=rl.kl_beta, kl_kind=rl.kl_kind,
-                    kl_clamp=rl.kl_clamp or None, aggregation=rl.aggregation, dual_clip=rl.dual_clip or None)
-    return dict(beta=rl.mopd.beta, clip_low=rl.clip_low, clip_high=rl.clip_high, kl_clamp=rl.kl_clamp or None,
-                aggregation=rl.aggregation, dual_clip=rl.dual_clip or None)
-
-
-def setup(config, mesh, tokenizer, *, materialize: bool = True) -> tuple[Stage2, dict, dict]:
-    """(Stage2, train state, its shardings): the policy, its optimizer state and the frozen
-    models, sharded over ``mesh``, and the jitted update. ``materialize=False`` allocates
-    nothing: parameters and state are abstract (what ``launch.plan`` compiles against)."""
-    rl, tc = config.rl, config.train
-    if materialize:
-        model, model_config = model_factory.build_model(config, tokenizer, mesh=mesh)
-        graphdef, pstate, _ = nnx.split(model, nnx.Param, ...)
-        param_sh = S.param_shardings(pstate, mesh)
-        params = nnx.to_pure_dict(pstate)
-        del model, pstate
-    else:
-        model_config = model_factory.model_config_of(config, tokenizer)
-        graphdef, params, param_sh = model_factory.abstract_model(model_config, mesh,
-                                                                  **model_factory.model_kwargs(config))
-    tx, schedule = optimizer_from_config(config, params, tc.steps * rl.ppo_epochs * rl.minibatches)
-    frozen: dict[str, FZ.Frozen] = {}
-    if config.method == "grpo":
-        if rl.reference or not materialize:
-            frozen["reference"] = FZ.load("reference", rl.reference, config, mesh, tokenizer, materialize=materialize)
-        else:  # the starting policy
-            frozen["reference"] = FZ.from_params("reference", graphdef, params, model_config,
-                                                 model_factory.dtype_of(config.model.dtype, "model.dtype"), param_sh)
-    else:
-        for label, spec in rl.teachers.items():
-            frozen[label] = FZ.load(f"teacher_{label}", spec, config, mesh, tokenizer, materialize=materialize)
-    state, state_sh = sharded_state(params, tx, param_sh, mesh, materialize=materialize)
-    del params
-    banned = RO.vision_token_ids(model_config)
-    step_fn = make_rl_step(graphdef, tx, loss=config.method, loss_kwargs=loss_kwargs(config),
-                           temperature=rl.temperature, chunk_size=rl.score_chunk or None, banned_token_ids=banned,
-                           schedule=schedule)
-    update_fn = jax.jit(S.traced_on(mesh, step_fn), in_shardings=(state_sh, None), out_shardings=(state_sh, None),
-                        donate_argnums=0)
-    pad_id, stop = special_ids(tokenizer, model_config)
-    sampling = G.SamplingConfig(temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k,
-                                max_new_tokens=rl.max_new_tokens, stop_token_ids=stop, pad_token_id=pad_id,
-                                banned_token_ids=banned)
-    dp = int(np.prod([mesh.shape[a] for a in S.BATCH_AXES]))
-    s2 = Stage2(config, mesh, graphdef, model_config, tokenizer, sampling, frozen, update_fn, pad_id, stop, banned,
-                row_multiple=max(1, dp // jax.process_count()),
-                think_opened=_think_opened(config, tokenizer))
-    return s2, state, state_sh
-
-
-def _think_opened(config, tokenizer) -> bool:
-    """data_source.think_opened, False when planning without a tokenizer."""
-    from guilibra_jax.train import data_source
-    return tokenizer is not None and data_source.think_opened(config, tokenizer)
-
-
-def special_ids(tokenizer, model_config) -> tuple[int, tuple[int, ...]]:
-    """(pad id, stop ids): the tokenizer's, or the model config's when planning without one."""
-    if tokenizer is None:
-        t = model_config.text
-        eos = t.eos_token_id if isinstance(t.eos_token_id, (list, tuple)) else (t.eos_token_id,)
-        return int(t.pad_token_id or 0), tuple(int(i) for i in eos if i is not None)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    stop = tuple(i for i in (tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id) if i is not None)
-    return pad_id, stop
-
-
-# ----------------------------------------------------------------------------- device inputs
-def device_inputs(s: Stage2, host: dict, micro_axis: bool = False) -> dict:
-    """Host arrays of this process's rows -> global arrays on the mesh (images of all
-    processes joined; a process without images joins with an empty patch set)."""
-    host = dict(host)
-    vision = host.pop("vision", None)
-    has = host.get("pixel_values") is not None
-    if MH.agree_max(int(has)) and not has:
-        host["pixel_values"], vision = _no_images(s, micro_axis, host)
-    if host.get("pixel_values") is None:
-        host.pop("pixel_values", None)
-        out = put_batch(host, s.mesh, micro_axis=micro_axis)
-        out["pixel_values"], out["vision"] = None, None
-        return out
-    host["vision"] = device_vision_inputs(vision)
-    return put_batch(host, s.mesh, micro_axis=micro_axis, model_config=s.model_config)
-
-
-def _no_images(s: Stage2, micro_axis: bool, host: dict):
-    """Inert padding patches and empty tower slots (as collate's batch without images)."""
-    vc = s.model_config.vision
-    n = s.patch_bucket
-    dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size * vc.patch_size
-    pv = np.zeros((n, dim), np.float32)
-    vision = prepare_vision_inputs(np.zeros((0, 3), np.int64), s.model_config, num_patches=n)
-    if micro_axis:
-        k = len(next(iter(host.values())))
-        return np.stack([pv] * k), {key: np.stack([v] * k) for key, v in vision.items()}
-    return pv, vision
-
-
-def local_chunk(s: Stage2, rows_over_processes: int) -> int:
-    """This process's share of a per-call row count (``rl.generation_rows`` /
-    ``rl.score_rows``; 0 = every row in one call)."""
-    return rows_over_processes // jax.process_count() if rows_over_processes else 0
-
-
-def row_chunks(n: int, size: int) -> list[np.ndarray]:
-    """Row indices 0..n-1 in calls of ``size`` rows (0: one call). Every process has the
-    same n and size (validated), so all make the same calls."""
-    if not size or size >= n:
-        return [np.arange(n)]
-    return [np.arange(i, min(i + size, n)) for i in range(0, n, size)]
-
-
-# ----------------------------------------------------------------------------- phases
 def rollout(s: Stage2, params, batch: dict, key) -> RO.Rollout:
     """G responses to each prompt of this process's batch (``collate_rl``), sampled with the
     policy ``params``; the rollout holds tokens, lengths, the sampler's log-probs and texts."""
     ro = RO.expand_groups(batch, s.rl.group_size)
     ro = RO.pad_prompts(ro, MH.agree_max(ro.prompt_ids.shape[1]))
     outs = []
-    for c, rows in enumerate(row_chunks(ro.rows, local_chunk(s, s.rl.get("generation_rows", 0)))):
+    for c, rows in enumerate(row_chunks(ro.rows, local_chunk(s, s.rl.generation_rows))):
         # each prompt's prefill once, shared by its copies (rows of a group are copies of one prompt)
-        copies = RO.prompt_copies(len(rows), s.rl.group_size, s.row_multiple) if s.rl.get("share_prefill", True) else 1
+        copies = RO.prompt_copies(len(rows), s.rl.group_size, s.row_multiple) if s.rl.share_prefill else 1
         part = ro if len(rows) == ro.rows and copies == 1 else RO.take_rows(ro, rows[::copies])
         inputs = device_inputs(s, RO.prompt_inputs(part, s.model_config, s.patch_bucket))
         with S.mesh_context(s.mesh):
@@ -301,7 +131,7 @@ def collect(s: Stage2, params, prompts, step: int, base_key) -> Collected:
 
 
 def _rollout_next(s: Stage2, params, prompts, key) -> RO.Rollout:
-    """The rollout of the next prompts; a live prompt source (rl.world, train/online.py) then
+    """The rollout of the next prompts; a live prompt source (rl.world, rl/online.py) then
     advances its episodes with it (``prompts.advance``)."""
     ro = rollout(s, params, next(prompts), key)
     if hasattr(prompts, "advance"):
@@ -323,38 +153,6 @@ class Scores:
     shared: bool = False
 
 
-def reuse_sampler_log_probs(rl) -> bool:
-    """``rl.old_logprobs``: the old-policy log-probs are the sampler's ("sampler"; "auto"
-    when sampling is neither top-p nor top-k truncated, so the sampler drew from the
-    policy's own tempered distribution) or a rescoring pass ("recompute")."""
-    mode = rl.get("old_logprobs", "recompute")
-    return mode == "sampler" or (mode == "auto" and rl.top_p >= 1.0 and rl.top_k == 0)
-
-
-def shares_prompts(s: Stage2) -> bool:
-    """``rl.share_prefill``: each prompt computed once for the rows of its group that a call
-    holds, in sampling, scoring and updates (the shared-prompt layout, ``rollout.shared_batch``)."""
-    return bool(s.rl.get("share_prefill", True))
-
-
-def agreed_copies(s: Stage2, ro: RO.Rollout, calls: list[np.ndarray]) -> int:
-    """Rows per prompt every process can use for each of ``calls`` (row index arrays of
-    equal length, batched alike): the gcd over calls and processes of
-    :func:`rollout.shared_copies` (a divisor of a valid count is valid)."""
-    c = int(np.gcd.reduce([RO.shared_copies(ro, rows, s.row_multiple) for rows in calls]))
-    return int(np.gcd.reduce(MH.gather_counts(c))) if jax.process_count() > 1 else c
-
-
-def model_batch(s: Stage2, ro: RO.Rollout, rows: np.ndarray, model_config, n_slots: int, copies: int = 0) -> dict:
-    """Host model inputs of rollout rows ``rows``: the shared-prompt layout with ``copies``
-    rows per prompt (:func:`agreed_copies` when 0), or without ``rl.share_prefill`` the
-    whole sequences."""
-    if not shares_prompts(s):
-        return RO.sequence_batch(ro, rows, model_config, s.patch_bucket, s.pad_id, n_slots)
-    copies = copies or agreed_copies(s, ro, [rows])
-    return RO.shared_batch(ro, rows, model_config, s.patch_bucket, s.pad_id, n_slots, copies)
-
-
 def score(s: Stage2, params, ro: RO.Rollout) -> Scores:
     """Old-policy log-probs and the frozen models' log-probs of the sampled tokens: GRPO's
     reference on every row; MOPD's teachers, each on its own platform's rows only."""
@@ -370,7 +168,7 @@ def score(s: Stage2, params, ro: RO.Rollout) -> Scores:
     else:
         seq_host = RO.sequence_batch(ro, all_rows, s.model_config, s.patch_bucket, s.pad_id, n_slots)
     kw = dict(temperature=s.rl.temperature, chunk=s.chunk, banned=s.banned)
-    size = local_chunk(s, s.rl.get("score_rows", 0))
+    size = local_chunk(s, s.rl.score_rows)
 
     def score_rows(f: FZ.Frozen, rows: np.ndarray) -> np.ndarray:
         # (a collective: every process builds its batches, whatever rows it holds; at most
@@ -398,15 +196,6 @@ def score(s: Stage2, params, ro: RO.Rollout) -> Scores:
     return Scores(seq_host, old_logp, ref_logp.astype(np.float32), n_slots, shared)
 
 
-def update_calls(rows: int, minibatches: int, accum: int, m: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:
-    """(rows of minibatch m, their ``accum`` micro-batches) of a process's ``rows`` rollout rows:
-    minibatch m takes the rows r with r % minibatches == m (each holds responses of every
-    group: the same global minibatches whatever the process count), cut into equal runs."""
-    idx = np.arange(m, rows, minibatches)
-    micro = rows // minibatches // accum
-    return idx, [idx[k * micro:(k + 1) * micro] for k in range(accum)]
-
-
 def update(s: Stage2, state: dict, ro: RO.Rollout, adv: dict, scores: Scores) -> tuple[dict, dict, list[bool]]:
     """ppo_epochs x minibatches optimizer updates on the rollout; returns (state, metrics of
     the last update, whether each update was applied (finite))."""
@@ -416,6 +205,8 @@ def update(s: Stage2, state: dict, ro: RO.Rollout, adv: dict, scores: Scores) ->
         ro = RO.pad_prompts(ro, MH.agree_max(ro.prompt_ids.shape[1]))
     host = dict(scores.seq, old_logp=scores.old_logp, ref_logp=scores.ref_logp, advantages=adv["advantages"],
                 kl_mask=adv["kl_mask"])
+    if uses_full_kl(s.config):   # the update runs each row's teacher itself (rl.mopd.estimator)
+        host["teacher_index"] = FZ.teacher_index(ro.platform, FZ.teacher_order(s.frozen))
     token_counts = scores.seq["response_mask"].sum(1)
     metrics, applied = {}, []
     for _ in range(rl.ppo_epochs):
@@ -438,7 +229,8 @@ def _update_rows(s: Stage2, host: dict, ro: RO.Rollout, idx: np.ndarray, scores:
     shared-prompt layout with ``copies`` rows per prompt) or sliced (whole sequences, their
     images regathered)."""
     if scores.shared:
-        out = {k: host[k][idx] for k in ("old_logp", "ref_logp", "advantages", "kl_mask")}
+        out = {k: host[k][idx] for k in ("old_logp", "ref_logp", "advantages", "kl_mask", "teacher_index")
+               if k in host}
         out.update(RO.shared_batch(ro, idx, s.model_config, s.patch_bucket, s.pad_id, scores.n_slots, copies))
         return out
     out = {k: (v[:, idx] if k == "positions" else v[idx]) for k, v in host.items()
@@ -485,119 +277,3 @@ def rollout_metrics(c: Collected, adv: dict, method: str, max_new_tokens: int, f
             on = v & (platform == label)
             row[f"{label}/reward_mean"] = float(g["reward"][on].mean())
     return row
-
-
-# ----------------------------------------------------------------------------- the loop
-class Prompts:
-    """Endless RL prompt batches of this process; skips (and counts) batches with no valid prompt."""
-
-    MAX_EMPTY = 3
-
-    def __init__(self, loader):
-        self.loader = loader
-        self.empty = 0
-
-    def __next__(self) -> dict:
-        for _ in range(self.MAX_EMPTY):
-            batch = next(self.loader)
-            if np.any(batch["row_valid"]):
-                return batch
-            self.empty += 1
-        raise RuntimeError(f"{self.MAX_EMPTY} consecutive RL batches hold no valid prompt "
-                           f"(bad or filtered: {self.loader.bad_records.summary()}); raise data.max_length?")
-
-    def get_state(self):
-        return self.loader.get_state()
-
-    def set_state(self, state):
-        self.loader.set_state(state)
-
-    def close(self):
-        self.loader.close()
-
-
-def update_groups(config) -> int:
-    """Groups (prompts) per update over all processes: rl.update_groups, or every prompt of a round."""
-    return config.rl.update_groups or config.data.batch_size
-
-
-def train_rl(config, workdir: str) -> dict:
-    """Run (or resume) a GRPO / MOPD job (``config.method``) in ``workdir``; returns the
-    last logged metrics row."""
-    from guilibra_jax.data.pipeline import make_rl_loader
-    from guilibra_jax.train import data_source
-
-    rl, tc = config.rl, config.train
-    is_main = jax.process_index() == 0
-    os.makedirs(workdir, exist_ok=True)
-    run_history.record_config(config, workdir, is_main=is_main)
-    mesh = MH.run_mesh(config)
-    data_source.per_process_batch(config)   # bad batch / process counts fail before any model
-    tokenizer = data_source.prepare_tokenizer(config, workdir)
-    s, state, state_sh = setup(config, mesh, tokenizer)
-
-    if rl.world:   # live browser states (train/online.py)
-        from guilibra_jax.train.online import OnlinePrompts
-        prompts = OnlinePrompts(config, tokenizer, s.model_config, workdir)
-    else:
-        dcfg = data_source.data_config(config, data_source.train_files(config, workdir))
-        prompts = Prompts(make_rl_loader(dcfg, tokenizer, s.model_config, shard_index=jax.process_index(),
-                                         shard_count=jax.process_count()))
-        data_source.record_data_info(workdir, prompts.loader.info)
-    if config.method == "mopd":   # every platform of the data has a teacher (ConfigError naming rl.teachers)
-        from guilibra_jax.train.config import check_teachers
-        check_teachers(rl.teachers, MH.gather_strings(list(prompts.loader.info.get("platforms", []))))
-    if tc.memory_plan:
-        from guilibra_jax.train import plan as PLAN
-        report = PLAN.plan_stage2(s, state, state_sh, device_memory_gib=PLAN.device_memory_gib(mesh))
-        if is_main:
-            C.write_json(os.path.join(workdir, "memory_plan.json"), report)
-        log.info("memory plan (GiB per device): %s", PLAN.summary_line(report))
-
-    ckpt, start, state = open_checkpoints(workdir, tc, state, prompts)
-    writer = writer_for_run(config, workdir, enabled=is_main)
-    progress = Progress(tc.steps, start, enabled=is_main and tc.progress)
-    profiler = StepProfiler(workdir, tc.profile_steps, enabled=is_main)
-    evaluator = (data_source.make_evaluator(config, tokenizer, s.model_config, s.graphdef, workdir, mesh)
-                 if tc.eval_every > 0 and config.method == "grpo" else None)
-    if evaluator is not None and start == 0:   # the starting (SFT) policy, for comparison
-        writer.write(0, evaluator(state["params"], 0))
-    base_key = jax.random.PRNGKey(config.data.seed + 7919 * config.model.seed)
-    divergence = Divergence(tc.max_skipped_updates, ckpt.latest_step)
-    last_row: dict = {}
-    step = start
-    with Preemption() as preempt:
-        while step < tc.steps:
-            t0 = time.time()
-            profiler.before(step + 1)
-            c = collect(s, state["params"], prompts, step, base_key)
-            adv = ADV.compute(c.scored.reward, c.scored.success & c.ro.valid, rl.group_size, config.method, rl)
-            adv["advantages"] = np.where(c.ro.valid, adv["advantages"], 0.0).astype(np.float32)
-            t1 = time.time()
-            scores = score(s, state["params"], c.ro)
-            t2 = time.time()
-            state, metrics, applied = update(s, state, c.ro, adv, scores)
-            t3 = time.time()
-            step += 1
-            profiler.after(step, state)
-            for ok in applied:
-                divergence.update(step, ok)
-            row = rollout_metrics(c, adv, config.method, rl.max_new_tokens, rl.group_filter.enabled)
-            row.update({k: float(v) for k, v in metrics.items()})
-            row.update(sample_s=t1 - t0, score_s=t2 - t1, update_s=t3 - t2, step_s=t3 - t0)
-            row.update(data_source.drop_metrics(prompts))   # process 0's record counts
-            if hasattr(prompts, "metrics"):                  # process 0's episodes (rl.world)
-                row.update(prompts.metrics())
-            if step % tc.log_every == 0 or step == tc.steps:
-                last_row = writer.write(step, row)
-                progress.update(step, last_row)
-            stop = preempt.should_stop()
-            last_row = eval_and_checkpoint(step, state, last_row, tc, evaluator, writer, ckpt, prompts.get_state,
-                                           stop)
-            if stop:
-                break
-    profiler.close()
-    finish_run(step, state, tc, ckpt, progress, writer, s.graphdef, s.model_config, tokenizer, workdir, is_main)
-    log.info("data: %s", data_source.drop_report(prompts))
-    prompts.close()
-    return last_row

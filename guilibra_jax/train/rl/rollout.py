@@ -1,6 +1,6 @@
 """Rollouts on the host: G copies of each prompt, prompt + response sequences for
 scoring and updates, rewards and group statistics. numpy only; the device work
-(sampling, scoring, updates) is in :mod:`rl_loop`.
+(sampling, scoring, updates) is in :mod:`rl.phases`.
 
 Rows. An RL batch (``collate.collate_rl``) of B prompt rows becomes B*G rollout rows,
 group-major: row ``b * G + k`` is response k of prompt b. A prompt row whose record was

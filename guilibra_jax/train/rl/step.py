@@ -1,6 +1,6 @@
 """The stage-2 policy update (GRPO and MOPD): a pure function (state, batch) -> (state, metrics).
 
-``batch`` is a rollout minibatch (``rl_loop.update``) whose leaves carry a leading
+``batch`` is a rollout minibatch (``rl.phases.update``) whose leaves carry a leading
 micro-batch axis [M, ...], in one of two layouts: whole sequences
 
     input_ids, segment_ids [B, T], positions [3, B, T], pixel_values, vision
@@ -9,14 +9,17 @@ micro-batch axis [M, ...], in one of two layouts: whole sequences
     ref_logp [B, T]        GRPO: under the frozen reference; MOPD: under the rollout's
                            platform teacher (routed per sequence before the batch is built)
     advantages [B]         per sequence (after SNGS / the pass-rate floor)
-    kl_mask [B]            MOPD's μ_g per sequence (1 for GRPO)
+    kl_mask [B]            MOPD's KL weight per sequence (μ_g, or advantages.kl_weights'; 1 for GRPO)
+    teacher_index [B]      MOPD full_kl only: the row's teacher (frozen.teacher_index), with
+                           the teachers' parameters as ``teacher_params`` (no micro axis)
 
 or the shared-prompt layout (``rollout.shared_batch``: each prompt once for its rows, the
 model inputs and the [B, T] arrays above as response columns [B, N'], scored by
 :func:`generate.shared_token_logprobs`).
 
 The current policy's log-probs are recomputed under the sampling temperature with
-:func:`generate.token_logprobs`, so on the first PPO epoch ρ = 1 exactly. Losses are
+:func:`generate.token_logprobs` (full_kl: :func:`full_kl_terms`, from the same hidden
+states), so on the first PPO epoch ρ = 1 exactly. Losses are
 :func:`losses.grpo_loss_terms` / :func:`losses.mopd_loss_terms` accumulated exactly over
 micro-batches by :mod:`step_core`.
 """
@@ -35,61 +38,127 @@ from guilibra_jax import losses
 from guilibra_jax.train.step_core import make_step
 
 LOSSES = ("grpo", "mopd")
-SUMS = ("tokens", "clipped", "kl", "kl_tokens", "entropy", "ratio", "sequences", "kl_on")
+SUMS = losses.REPORT_SUMS + ("entropy",)
+FULL_KL_CHUNK = 128   # positions per chunk of full_kl's two-model head when rl.score_chunk is 0
+
+
+def _tempered_logits(model, h, temperature: float, banned: tuple[int, ...]):
+    """The sampler's distribution's logits (float32, banned ids -inf, / temperature) of hidden states h."""
+    logits = G.ban_tokens(model.logits_from_hidden(h).astype(jnp.float32), banned)
+    return logits / jnp.float32(temperature) if temperature != 1.0 else logits
+
+
+def full_kl_terms(student, h, teachers, teacher_h, teacher_index, targets, valid, *, temperature: float,
+                  chunk_size: int, banned: tuple[int, ...]):
+    """(logp, entropy, kl), each [B, T] float32, 0 where not ``valid``: the student's log-prob
+    of ``targets`` and its entropy, and the exact KL(π_student || π_teacher) over the
+    vocabulary, π_teacher that of row b's teacher ``teachers[teacher_index[b]]`` (hidden
+    states ``teacher_h[k]`` [B, T, D_k]); both distributions as the sampler's (temperature,
+    banned ids). Positions go through the heads ``chunk_size`` at a time under
+    ``jax.checkpoint``: at most [B, chunk, V] logits per model live at once, in the forward
+    and in the backward pass (which recomputes a chunk's logits, the teachers' included,
+    instead of storing them), so no [B, T, V] array exists."""
+    b, t = targets.shape
+    idx = teacher_index.astype(jnp.int32)
+
+    def one(hc, thc, tc):
+        ls = _tempered_logits(student, hc, temperature, banned)
+        lts = [_tempered_logits(m, x, temperature, banned) for m, x in zip(teachers, thc)]
+        lt = lts[0]
+        for k in range(1, len(lts)):
+            lt = jnp.where((idx == k)[:, None, None], lts[k], lt)
+        logz = jax.nn.logsumexp(ls, axis=-1)
+        picked = jnp.take_along_axis(ls, tc[..., None], axis=-1)[..., 0] - logz
+        p = jnp.exp(ls - logz[..., None])
+        ent = logz - jnp.sum(jnp.where(p > 0, p * ls, 0.0), axis=-1)
+        return picked, jax.lax.stop_gradient(ent), losses.reverse_kl_from_logits(ls, lt)
+
+    one = jax.checkpoint(one)
+    c = min(chunk_size, t)
+    n = -(-t // c)
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, n * c - t)) + ((0, 0),) * (x.ndim - 2))
+    split = lambda x: pad(x).reshape((b, n, c) + x.shape[2:]).swapaxes(0, 1)
+    tc = jnp.where(valid, targets, 0)
+    outs = jax.lax.map(lambda xs: one(*xs), (split(h), [split(x) for x in teacher_h], split(tc)))
+    return tuple(jnp.where(valid, x.swapaxes(0, 1).reshape(b, n * c)[:, :t], 0.0) for x in outs)
 
 
 def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, loss: str = "grpo",
                  loss_kwargs: dict | None = None, temperature: float = 1.0, chunk_size: int | None = None,
-                 banned_token_ids: tuple[int, ...] = (), schedule: Callable[[Any], Any] | None = None) -> Callable[[dict, dict], tuple[dict, dict]]:
+                 banned_token_ids: tuple[int, ...] = (), schedule: Callable[[Any], Any] | None = None,
+                 teacher_graphdefs: tuple = ()) -> Callable[[dict, dict], tuple[dict, dict]]:
     """Build the (unjitted) policy-update step. ``loss``: "grpo" (kwargs of
     :func:`losses.grpo_loss_terms`: clip_low, clip_high, kl_beta, kl_kind, kl_clamp,
     aggregation, dual_clip) or "mopd" (of :func:`losses.mopd_loss_terms`: beta, clip_low,
-    clip_high, kl_clamp, aggregation, dual_clip). ``banned_token_ids``: the sampler's (excluded from the
-    distribution, so that ρ = 1 on the first epoch)."""
+    clip_high, kl_clamp, aggregation, dual_clip, estimator). ``banned_token_ids``: the
+    sampler's (excluded from the distribution, so that ρ = 1 on the first epoch).
+
+    MOPD with estimator "full_kl": ``teacher_graphdefs`` (the teachers in
+    ``frozen.teacher_order``), and every batch carries ``teacher_params`` (a tuple of their
+    parameters, no micro-batch axis; ``setup.with_teachers`` adds it) and per row
+    ``teacher_index`` [M, B] (``frozen.teacher_index``). Each micro-batch then runs every
+    teacher's forward pass (no gradient) on all its rows, and :func:`full_kl_terms` forms
+    the exact per-position KL to each row's teacher. Cost per micro-batch, K teachers of N_k
+    parameters, n tokens: K teacher forwards (≈ 2 N_k n FLOPs each, all rows: routing rows
+    to teachers inside one program would need dynamic shapes) plus the teachers' heads over
+    the response positions twice (forward, and recomputed in the backward pass), against
+    the policy's ≈ 6 N n of forward + backward; with one 32B teacher for an 8B student about
+    2.3x the update's FLOPs (1 + 2·32/(6·8)), each further teacher +1.3x. Memory: the
+    teachers' activations of one micro-batch's forward (no gradient, so transient) and
+    [B, chunk, V] logits per model. The scoring phase's teacher log-probs are then unused
+    by the loss."""
     if loss not in LOSSES:
         raise ValueError(f"unknown RL loss {loss!r}; expected one of {LOSSES}")
     kw = dict(loss_kwargs or {})
-    clip_low, clip_high = kw.get("clip_low", 0.2), kw.get("clip_high", 0.2 if loss == "grpo" else 0.28)
-    kl_kind = kw.get("kl_kind", "k3") if loss == "grpo" else "k3"
-    kl_clamp = kw.get("kl_clamp", None if loss == "grpo" else 10.0)
+    full_kl = loss == "mopd" and kw.get("estimator") == "full_kl"
+    if full_kl and not teacher_graphdefs:
+        raise ValueError("make_rl_step: estimator='full_kl' needs teacher_graphdefs (the teachers run in the update)")
+    banned = tuple(banned_token_ids)
 
-    def micro_terms(params, micro):
+    def micro_terms(params, micro, teacher_params=()):
         model = nnx.merge(graphdef, params)
-        if "prompt_ids" in micro:   # the shared-prompt layout: [B, N'] response columns
+        token_kl = None
+        if full_kl:
+            shared = "prompt_ids" in micro
+            hidden = ((lambda m: G.shared_hidden(m, micro)) if shared else
+                      (lambda m: G.sequence_hidden(m, micro["input_ids"], micro["positions"], micro["segment_ids"],
+                                                   micro.get("pixel_values"), micro.get("vision"),
+                                                   micro["response_mask"])))
+            h, targets, valid = hidden(model)
+            teachers = [nnx.merge(gd, jax.lax.stop_gradient(p)) for gd, p in zip(teacher_graphdefs, teacher_params)]
+            teacher_h = [jax.lax.stop_gradient(hidden(t)[0]) for t in teachers]
+            index = micro["teacher_index"] if len(teachers) > 1 else jnp.zeros(targets.shape[:1], jnp.int32)
+            logp, entropy, token_kl = full_kl_terms(model, h, teachers, teacher_h, index, targets, valid,
+                                                    temperature=float(temperature),
+                                                    chunk_size=chunk_size or FULL_KL_CHUNK, banned=banned)
+        elif "prompt_ids" in micro:   # the shared-prompt layout: [B, N'] response columns
             logp, valid, entropy = G.shared_token_logprobs(
                 model, micro, temperature=temperature, chunk_size=chunk_size, with_entropy=True,
-                banned_token_ids=banned_token_ids)
+                banned_token_ids=banned)
         else:
             logp, valid, entropy = G.token_logprobs(
                 model, micro["input_ids"], micro["positions"], micro["segment_ids"], micro.get("pixel_values"),
                 micro.get("vision"), micro["response_mask"], temperature=temperature, chunk_size=chunk_size,
-                with_entropy=True, banned_token_ids=banned_token_ids)
+                with_entropy=True, banned_token_ids=banned)
         mask = valid.astype(jnp.float32)
         if loss == "grpo":
-            num, den = losses.grpo_loss_terms(logp, micro["old_logp"], micro["ref_logp"], micro["advantages"],
-                                              mask, **kw)
+            num, den, sums = losses.grpo_loss_terms(logp, micro["old_logp"], micro["ref_logp"], micro["advantages"],
+                                                    mask, **kw)
         else:
-            num, den = losses.mopd_loss_terms(logp, micro["old_logp"], micro["ref_logp"], micro["advantages"],
-                                              mask, micro["kl_mask"], **kw)
-        # Reporting sums (no gradient): clipped tokens, KL, entropy, ratio.
-        lp = jax.lax.stop_gradient(logp)
-        adv = micro["advantages"][:, None]
-        ratio = jnp.exp(jnp.clip(lp - micro["old_logp"], -20.0, 20.0))
-        clipped = ((adv > 0) & (ratio > 1 + clip_high)) | ((adv < 0) & (ratio < 1 - clip_low))
-        if kw.get("dual_clip"):
-            clipped = clipped | ((adv < 0) & (ratio > kw["dual_clip"]))
-        kl = losses.kl_penalty(lp, micro["ref_logp"], kl_kind, kl_clamp)
-        kl_on = mask * (micro["kl_mask"][:, None] > 0)
-        sums = {"tokens": jnp.sum(mask), "clipped": jnp.sum(mask * clipped), "kl": jnp.sum(kl * kl_on),
-                "kl_tokens": jnp.sum(kl_on), "entropy": jnp.sum(jax.lax.stop_gradient(entropy) * mask),
-                "ratio": jnp.sum(ratio * mask), "sequences": jnp.sum((jnp.sum(mask, -1) > 0).astype(jnp.float32)),
-                "kl_on": jnp.sum(((micro["kl_mask"] > 0) & (jnp.sum(mask, -1) > 0)).astype(jnp.float32))}
+            num, den, sums = losses.mopd_loss_terms(logp, micro["old_logp"], micro["ref_logp"], micro["advantages"],
+                                                    mask, micro["kl_mask"], token_kl=token_kl, **kw)
+        sums["entropy"] = jnp.sum(jax.lax.stop_gradient(entropy) * mask)
         return num, (den, sums)
 
     sums0 = {k: jnp.zeros((), jnp.float32) for k in SUMS}
-    core = make_step(micro_terms, tx, sums0, schedule)
 
     def step(state: dict, batch: dict) -> tuple[dict, dict]:
+        batch = dict(batch)
+        teacher_params = batch.pop("teacher_params", ())
+        if full_kl and len(teacher_params) != len(teacher_graphdefs):
+            raise ValueError(f"make_rl_step: estimator='full_kl' with {len(teacher_graphdefs)} teachers needs the "
+                             f"batch's teacher_params (setup.with_teachers); got {len(teacher_params)}")
+        core = make_step(lambda p, m: micro_terms(p, m, teacher_params), tx, sums0, schedule)
         new_state, metrics, s = core(state, batch)
         n = jnp.maximum(s["tokens"], 1.0)
         metrics.update({"clip_fraction": s["clipped"] / n, "kl": s["kl"] / jnp.maximum(s["kl_tokens"], 1.0),

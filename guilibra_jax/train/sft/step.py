@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
@@ -68,7 +67,7 @@ def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, a
 def sft_step_from_config(config, graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
                          schedule: Callable[[Any], Any] | None = None) -> Callable[[dict, dict], tuple[dict, dict]]:
     """`make_sft_step` with the run config's loss keys (loss.*): the one builder of the
-    trainer (train.loop) and the memory planner (train.plan), so a plan compiles the step
+    trainer (train.sft.trainer) and the memory planner (train.sft.plan), so a plan compiles the step
     the trainer runs."""
     lc = config.loss
     return make_sft_step(graphdef, tx, alpha_action=lc.alpha_action, alpha_grounding=lc.alpha_grounding,

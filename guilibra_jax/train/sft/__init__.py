@@ -1,0 +1,1 @@
+"""The ASFT trainer: the jitted step (step.py) and the trainer the run harness drives (trainer.py)."""
