@@ -26,6 +26,7 @@ import time
 
 from absl import flags
 
+from guilibra_jax.eval.study_workdir import DONE, claim_workdir
 from launch import cli, recipes
 
 __doc__ += recipes.help_text("study")
@@ -38,9 +39,7 @@ _SMOKE = flags.DEFINE_bool("smoke", False, "Every stage for a couple of steps, t
 _ONLY = flags.DEFINE_list("stages", None, "Run only these stages (and write no report); default: all.")
 flags.mark_flags_as_required(["study", "workdir"])
 
-DONE = "study_stage.json"
 LOG = "study_log.jsonl"
-MARKER = "study.json"
 
 
 def _train(config, workdir: str) -> None:
@@ -94,29 +93,6 @@ def run_stage(stage: dict, root: str) -> dict:
         f.write(json.dumps({**done, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
     logging.info("study: %s finished in %.0f s", stage["name"], done["seconds"])
     return done
-
-
-def claim_workdir(root: str, study: str, stage_names) -> None:
-    """Record ``study`` in ``root/study.json``; a folder of another study (its marker, or,
-    written before markers, a finished stage this study does not have) is a UserError."""
-    from guilibra_jax.errors import UserError
-
-    path = os.path.join(root, MARKER)
-    if os.path.exists(path):
-        with open(path) as f:
-            other = json.load(f).get("study")
-        if other != study:
-            raise UserError(f"--workdir={root} holds the {other!r} study ({path}); use another folder for "
-                            f"--study={study}")
-        return
-    foreign = sorted(d for d in (os.listdir(root) if os.path.isdir(root) else ())
-                     if os.path.exists(os.path.join(root, d, DONE)) and d not in stage_names)
-    if foreign:
-        raise UserError(f"--workdir={root} holds stages of another study ({', '.join(foreign)}); use another "
-                        f"folder for --study={study}")
-    os.makedirs(root, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump({"study": study}, f)
 
 
 def run_study(study: str, root: str, smoke: bool = False, only: list[str] | None = None) -> dict | None:

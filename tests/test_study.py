@@ -247,7 +247,7 @@ def test_distill_report_from_eval_reports(tmp_path):
 
 def test_a_study_refuses_another_studys_workdir(tmp_path):
   from guilibra_jax.errors import UserError
-  from launch.study import claim_workdir
+  from guilibra_jax.eval.study_workdir import claim_workdir
   claim_workdir(str(tmp_path), "mopd", ["base"])
   with pytest.raises(UserError, match=r"holds the 'mopd' study"):
     claim_workdir(str(tmp_path), "distill", ["base"])

@@ -23,7 +23,7 @@ import jax
 
 from guilibra_jax import atomic
 from guilibra_jax.train import checkpoint as C
-from guilibra_jax.train import compilation_cache, data_source, model_factory, run_history
+from guilibra_jax.train import compilation_cache, data_source, model_factory, run_health, run_history
 from guilibra_jax.train import config as run_config
 from guilibra_jax.train import multihost as MH
 from guilibra_jax.train import plan as PLAN
@@ -154,6 +154,7 @@ def run(config, workdir: str, make_trainer: Callable) -> dict:
 def _run(config, workdir: str, make_trainer: Callable) -> dict:
     tc = config.train
     is_main = jax.process_index() == 0
+    run_health.watch()
     run_history.record_config(config, workdir, is_main=is_main)
     compilation_cache.enable(tc.compilation_cache_dir, workdir)
 
@@ -186,7 +187,7 @@ def _run(config, workdir: str, make_trainer: Callable) -> dict:
             profiler.after(step, state)
             applied.add(step, ok)
             if step % tc.log_every == 0 or step == tc.steps:
-                last_row = writer.write(step, trainer.log_row(metrics))
+                last_row = writer.write(step, {**trainer.log_row(metrics), **run_health.row()})
                 progress.update(step, last_row)
             stop = preempt.should_stop()
             last_row = eval_and_checkpoint(step, state, last_row, tc, evaluator, writer, ckpt, data.get_state, stop)
