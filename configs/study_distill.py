@@ -35,8 +35,8 @@ PLATFORMS = study_mopd.PLATFORMS
 SWEEP = (("k3", 1e-3), ("logratio_advantage", 3e-4), ("logratio_advantage", 1e-3), ("full_kl", 1e-3))
 SWEEP_STEPS = 30
 SWEEP_WINDOW = 10            # the last steps whose mean KL chooses the arm
-DISTILL_STEPS = 150          # within the specialist's budget (study_mopd.SPECIALIST_STEPS = 600)
-MOPD_STEPS = 150
+DISTILL_STEPS = 600          # the specialist's own budget (study_mopd.SPECIALIST_STEPS = 600); 150 left KL 2.7x down
+MOPD_STEPS = 600            # the same budget as distill_desktop (150 left both platforms below the base)
 CHECKPOINT_EVERY = 25
 EVAL_EPISODES = 80           # online episodes per platform (held-out task seeds)
 MODELS = ("base", "teacher_desktop", "teacher_mobile", "distill_desktop", "mopd")

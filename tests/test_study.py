@@ -109,6 +109,23 @@ def test_guilibra_study_smoke_reports_every_arm(tmp_path, xla_cache):
     assert os.path.getsize(os.path.join(wd, png)) > 1000
 
 
+@pytest.mark.slow   # ~4 min of CPU: the distill report, config and workdir tests cover the pieces by default
+def test_distill_study_smoke_sweeps_chooses_and_reports(tmp_path, xla_cache):
+  from configs import study_distill as S
+  wd = str(tmp_path / "distill")
+  _study("distill", wd, xla_cache)
+  stages = _log(wd)
+  assert [s for s in stages if s.startswith("sweep_")] == [S.sweep_name(e, lr) for e, lr in S.SWEEP]
+  assert stages.index("choose") < stages.index("distill_desktop") < stages.index("mopd")
+  choice = json.load(open(os.path.join(wd, S.CHOSEN)))
+  assert choice["arm"] in choice["arms"] and choice["arm"] == min(
+      choice["arms"], key=lambda a: choice["arms"][a]["kl_last"])
+  res = json.load(open(os.path.join(wd, "results.json")))
+  assert set(S.MODELS) <= set(res["models"])
+  _study("distill", wd, xla_cache)                     # a rerun resumes: every stage already done
+  assert _log(wd) == stages
+
+
 def test_unknown_stage_is_a_one_line_error(tmp_path):
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   r = subprocess.run([sys.executable, "-m", "launch.study", "--study=mopd", f"--workdir={tmp_path}", "--smoke",

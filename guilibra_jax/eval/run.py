@@ -112,8 +112,8 @@ def _evaluate(config, workdir: str, name: str, agent, records, data_dir: str) ->
     for kind, obj in (("offline", offline), ("online", online)):
         with open(os.path.join(workdir, f"{kind}_{name}.json"), "w", encoding="utf-8") as f:
             json.dump(obj, f, indent=1)
-    logging.info("%s: offline step success %.3f, online success %.3f", name,
-                 offline["overall"]["step_success"], online["overall"]["success_rate"])
+    logging.info("%s: offline step success %s, online success %s", name,
+                 _rate(offline["overall"]["step_success"]), _rate(online["overall"]["success_rate"]))
     return {"name": name, "offline": offline, "online": online}
 
 
@@ -179,3 +179,8 @@ def run_eval(config, workdir: str) -> dict[str, Any]:
             "summary": {e["name"]: {"offline_step_success": e["offline"]["overall"]["step_success"],
                                     "online_success": e["online"]["overall"]["success_rate"]}
                         for e in entries}}
+
+
+def _rate(value) -> str:
+    """A rate for the log: three decimals, or n/a (no episodes / steps evaluated)."""
+    return "n/a" if value is None else f"{value:.3f}"

@@ -66,6 +66,8 @@ def test_grpo_killed_at_three_random_moments_ends_bitwise_exact(grpo_reference, 
 
 
 def test_mopd_routes_rollouts_to_two_teachers(tmp_path):
+    # Two teachers that differ (a trained workdir, a random model); which rollout each scores is
+    # checked exactly in test_learning.py (a routing swap fails there).
     teacher = str(tmp_path / "teacher")
     launch(teacher, ["--config=configs/demo.py:smoke", "--config.data.method=mopd", "--config.data.synthetic.tasks=8",
                      "--config.train.steps=2"])
@@ -74,7 +76,7 @@ def test_mopd_routes_rollouts_to_two_teachers(tmp_path):
                      "--config.data.synthetic.tasks=8", "--config.train.steps=2", "--config.rl.top_p=1.0",
                      "--config.train.memory_plan=True",
                      f"--config.tokenizer.path={teacher}/tokenizer",
-                     f"--config.rl.teachers={{'desktop': '{teacher}', 'mobile': '{teacher}/export'}}"])
+                     f"--config.rl.teachers={{'desktop': '{teacher}', 'mobile': 'random:7'}}"])
     got = rows(student)
     assert sorted(got) == [1, 2]
     for row in got.values():

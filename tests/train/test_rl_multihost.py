@@ -131,6 +131,9 @@ def test_mopd_two_processes_equal_one_with_teachers_routed_across_processes(tmp_
     assert_same(one, two, [1, 2], KEYS + ("desktop/reward_mean", "mobile/reward_mean", "kl_mask_on_fraction"))
 
 
+# ~2 min: test_rl_launch's GRPO kill -9 (bitwise rerun) and the two-process SIGTERM test below
+# cover the kill-resume path and the processes' agreement on the step in the default run.
+@pytest.mark.slow
 def test_kill_9_of_one_process_then_rerun_equals_uninterrupted(grpo_two, tmp_path):
     full_dir, full = grpo_two
     workdir = str(tmp_path / "killed")

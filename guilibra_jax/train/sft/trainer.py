@@ -32,6 +32,7 @@ class SFTTrainer:
         self.data = None
         self._t_last: float | None = None
         self._tokens = 0.0
+        self._seq_length = 0
 
     @classmethod
     def build(cls, config, workdir: str, mesh, tokenizer, *, data_factory: Callable | None = None):
@@ -69,6 +70,7 @@ class SFTTrainer:
             self._t_last = time.time()
         host = stack_micro_batches([next(self.data) for _ in range(self.config.train.grad_accum)])
         self._tokens += float(np.sum(host["segment_ids"] > 0)) * jax.process_count()
+        self._seq_length = int(host["segment_ids"].shape[-1])   # the step's sequence bucket
         state, metrics = self.jit_step(state, put_batch(host, self.mesh, model_config=self.model_config))
         return state, metrics, [metrics["update_ok"]]
 
@@ -76,6 +78,7 @@ class SFTTrainer:
         metrics = jax.device_get(metrics)
         now = time.time()
         metrics["tokens_per_s"] = self._tokens / max(now - self._t_last, 1e-9)
+        metrics["data/seq_length"] = self._seq_length
         metrics.update(data_source.drop_metrics(self.data))
         self._t_last, self._tokens = now, 0.0
         return metrics
