@@ -125,6 +125,9 @@ def test_grpo_two_processes_equal_one(grpo_two, tmp_path):
     assert_same(one, two, [1, 2, 3])
 
 
+# ~2 min: the GRPO two-process equality above covers stage 2 across processes; which teacher
+# scores each rollout is checked exactly in test_learning.py and end to end in test_rl_launch.py.
+@pytest.mark.slow
 def test_mopd_two_processes_equal_one_with_teachers_routed_across_processes(tmp_path):
     one = run(str(tmp_path / "one"), MOPD, processes=1, devices=4)
     two = run(str(tmp_path / "two"), MOPD, processes=2, devices=2)

@@ -6,7 +6,7 @@ variable-length data (several sequence buckets), logging every step; the checks 
 
 * ``sys/lowerings`` (programs lowered in the process) stops growing once every program
   has run once (the first eval, the first checkpoint, each sequence bucket's first batch:
-  a step may lower programs only when its bucket, ``data/seq_length``, is new);
+  a step may lower programs only when its bucket, ``sys/seq_length``, is new);
 * ``sys/host_rss_mib`` grows less than 5% between 10% and 100% of the run (long form; its
   first eval and checkpoint fall before 10%: compiling them is warm-up, not growth);
 * the checkpoint folder holds ``train.keep_checkpoints`` steps, the newest; every step
@@ -49,11 +49,11 @@ def check_soak(rows: list[dict], workdir: str, steps: int, warm: int, keep: int,
     """The soak checks; returns the figures the closing note quotes."""
     train = _train_rows(rows)
     assert sorted(train) == list(range(1, steps + 1)), "a step has no metrics row"
-    # A step may lower new programs only when its sequence bucket (``data/seq_length``, ASFT)
+    # A step may lower new programs only when its sequence bucket (``sys/seq_length``, ASFT)
     # appears for the first time: a rare bucket's first batch can come late in the run.
-    seen, grew = {train[s].get("data/seq_length") for s in range(1, warm + 1)}, []
+    seen, grew = {train[s].get("sys/seq_length") for s in range(1, warm + 1)}, []
     for s in range(warm + 1, steps + 1):
-        length = train[s].get("data/seq_length")
+        length = train[s].get("sys/seq_length")
         first = length is not None and length not in seen
         if train[s]["sys/lowerings"] != train[s - 1]["sys/lowerings"]:
             assert first, (f"recompiled after warm-up (step {warm}) at step {s}, whose sequence bucket "

@@ -78,7 +78,7 @@ class SFTTrainer:
         metrics = jax.device_get(metrics)
         now = time.time()
         metrics["tokens_per_s"] = self._tokens / max(now - self._t_last, 1e-9)
-        metrics["data/seq_length"] = self._seq_length
+        metrics["sys/seq_length"] = self._seq_length
         metrics.update(data_source.drop_metrics(self.data))
         self._t_last, self._tokens = now, 0.0
         return metrics
