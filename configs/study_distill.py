@@ -14,7 +14,11 @@
                      chosen estimator and lr, task reward off, within the specialist's own
                      optimizer-step budget; checkpoints every ``CHECKPOINT_EVERY`` steps
     mopd             (b) UI-MOPD from the base with both specialists (each rollout scored
-                     by its platform's teacher) and the task reward, chosen estimator and lr
+                     by its platform's teacher) and the task reward, chosen estimator and lr,
+                     the paper's adaptive KL mask
+    mopd_nomask      (b) the same with the KL on every row (``rl.mopd.kl_mask = off``)
+    mopd_distill     (b) both teachers, platform routing, task reward off (pure multi-teacher
+                     on-policy distillation): what the KL term alone reaches in the budget
     eval_<model>     held-out offline step accuracy (every checkpoint of distill_desktop)
                      and online success per platform (launch.eval)
 
@@ -30,7 +34,7 @@ import os
 from configs import study_mopd
 
 ROOT = "runs/study_distill"
-ARGS = ("base", "teacher_desktop", "teacher_mobile", "distill_desktop", "mopd")   # a literal: launch.recipes reads it
+ARGS = ("base", "teacher_desktop", "teacher_mobile", "distill_desktop", "mopd", "mopd_nomask", "mopd_distill")   # a literal: launch.recipes reads it
 PLATFORMS = study_mopd.PLATFORMS
 SWEEP = (("k3", 1e-3), ("logratio_advantage", 3e-4), ("logratio_advantage", 1e-3), ("full_kl", 1e-3))
 SWEEP_STEPS = 30
@@ -39,7 +43,8 @@ DISTILL_STEPS = 600          # the specialist's own budget (study_mopd.SPECIALIS
 MOPD_STEPS = 600            # the same budget as distill_desktop (150 left both platforms below the base)
 CHECKPOINT_EVERY = 25
 EVAL_EPISODES = 80           # online episodes per platform (held-out task seeds)
-MODELS = ("base", "teacher_desktop", "teacher_mobile", "distill_desktop", "mopd")
+MOPD_ARMS = ("mopd", "mopd_nomask", "mopd_distill")
+MODELS = ("base", "teacher_desktop", "teacher_mobile", "distill_desktop", *MOPD_ARMS)
 CHOSEN = "sweep_choice.json"
 UNSWEPT = ("logratio_advantage", 3e-4)   # the arm of a stage run without the sweep's choice
 
@@ -104,8 +109,8 @@ def get_config(arg: str = "base", root: str = ROOT, smoke: bool = False):
         c = _distill(root, smoke, est, lr)
         c.train.steps = 2 if smoke else DISTILL_STEPS
     else:
-        c = _distill(root, smoke, est, lr, platforms=PLATFORMS, task_reward=True)
-        c.rl.mopd.kl_mask = "paper"
+        c = _distill(root, smoke, est, lr, platforms=PLATFORMS, task_reward=arg != "mopd_distill")
+        c.rl.mopd.kl_mask = "paper" if arg == "mopd" else "off"
         c.train.steps = 2 if smoke else MOPD_STEPS
     if smoke:
         c.train.checkpoint_every = 1

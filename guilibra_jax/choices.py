@@ -23,4 +23,4 @@ OLD_LOGPROBS = ("auto", "sampler", "recompute")
 OPEN_THINK = ("auto", "on", "off")
 WANDB_MODES = ("online", "offline", "disabled")
 REBALANCE_KEYS = ("platform", "source")               # the record field naming a domain
-RL_WORLDS = ("", "miniwob")                           # where RL prompts come from: the dataset | live pages
+RL_WORLDS = ("", "miniwob", "synthetic")              # where RL prompts come from: the dataset | live episodes

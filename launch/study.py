@@ -3,6 +3,7 @@
     python -m launch.study --study=mopd --workdir=runs/study_mopd [--smoke]
     python -m launch.study --study=guilibra --workdir=runs/study_guilibra [--smoke]
     python -m launch.study --study=distill --workdir=runs/study_distill [--smoke]
+    python -m launch.study --study=grpo --workdir=runs/study_grpo [--smoke]
 
 A thin driver over the trainers (``launch.train``), ``launch.merge`` and ``launch.eval``:
 the stages and their configs are the recipe ``configs/study_<study>.py`` (its
@@ -31,9 +32,10 @@ from launch import cli, recipes
 
 __doc__ += recipes.help_text("study")
 
-STUDIES = ("mopd", "guilibra", "distill")
+STUDIES = ("mopd", "guilibra", "distill", "grpo")
 _STUDY = flags.DEFINE_enum("study", None, list(STUDIES), "Which comparison: mopd (UI-MOPD's table), guilibra "
-                           "(GUI-Libra's ablations) or distill (on-policy distillation against its teachers).")
+                           "(GUI-Libra's ablations), distill (on-policy distillation against its teachers) or "
+                           "grpo (GRPO from an SFT start on dataset prompts and on live episodes).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study folder: one subfolder per stage, the report.")
 _SMOKE = flags.DEFINE_bool("smoke", False, "Every stage for a couple of steps, tiny evaluations (tests).")
 _ONLY = flags.DEFINE_list("stages", None, "Run only these stages (and write no report); default: all.")

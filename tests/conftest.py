@@ -15,3 +15,18 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _cache = tempfile.mkdtemp(prefix="guilibra-test-xla-cache-")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+
+
+# Heaviest test files first: with ``--dist loadfile`` each file runs whole on one worker in
+# collection order, so a heavy file collected last keeps one worker busy alone at the end.
+# tests/durations.json holds seconds per file from a full run (tests/update_durations.py).
+_DURATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")
+
+
+def pytest_collection_modifyitems(config, items):
+    import json
+    if not os.path.exists(_DURATIONS):
+        return
+    with open(_DURATIONS) as f:
+        seconds = json.load(f)
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))   # stable: file order kept

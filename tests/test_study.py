@@ -126,6 +126,49 @@ def test_distill_study_smoke_sweeps_chooses_and_reports(tmp_path, xla_cache):
   assert _log(wd) == stages
 
 
+@pytest.mark.slow   # ~3 min of CPU: the grpo report, stage-config and synthetic online tests cover the pieces
+def test_grpo_study_smoke_chooses_on_training_episodes_and_reports(tmp_path, xla_cache):
+  from configs import study_grpo as S
+  wd = str(tmp_path / "grpo")
+  _study("grpo", wd, xla_cache)
+  assert _log(wd) == [s["name"] for s in S.plan(wd, smoke=True)]
+  choice = json.load(open(os.path.join(wd, S.CHOSEN)))
+  assert choice["arm"] in S.ONLINE and set(choice["arms"]) == set(S.ONLINE)
+  res = json.load(open(os.path.join(wd, "results.json")))
+  assert set(res["models"]) == set(S.MODELS)
+
+
+def test_grpo_report_from_eval_reports(tmp_path):
+  """The GRPO report: the targets compare the arm chosen on training episodes with the SFT
+  start (disjoint 95% intervals overall; offline drop); curves come from the runs' metrics."""
+  import numpy as np
+  from configs import study_grpo as S
+  from guilibra_jax.eval.report import write_report
+  from guilibra_jax.eval.study_report import grpo_report, scores
+  rng = np.random.default_rng(2)
+  root = str(tmp_path)
+  entries = {m: _entry("checkpoint", rng) for m in S.MODELS}
+  for m, e in entries.items():
+    write_report(os.path.join(root, f"eval_{m}"), [e], connect=False)
+  for m in S.MODELS[1:]:
+    os.makedirs(os.path.join(root, m))
+    with open(os.path.join(root, m, "metrics.jsonl"), "w") as f:
+      for s in range(1, 31):
+        f.write(json.dumps({"step": s, "reward_mean": s / 30, "kl": 0.01, "equal_reward_groups": 0.5}) + "\n")
+  for i, arm in enumerate(S.ONLINE):
+    with open(os.path.join(root, arm, "online_episodes.jsonl"), "w") as f:
+      for k in range(10):
+        f.write(json.dumps({"task": "desktop", "seed": k, "success": k < 3 + 4 * i, "steps": 2}) + "\n")
+  choice = S.choose(root)
+  assert choice["arm"] == S.ONLINE[-1] and choice["arms"][S.ONLINE[-1]]["train_success"] == 0.7
+  res = grpo_report(root, S)
+  best, sft = scores(entries[choice["arm"]], S.PLATFORMS), scores(entries["sft"], S.PLATFORMS)
+  key = f"{choice['arm']} online > sft overall, intervals disjoint"
+  assert res["claims"][key] == ("yes" if best["overall"]["ci95"][0] > sft["overall"]["ci95"][1] else "no")
+  assert res["runs"]["grpo_offline"]["reward_mean"]["last"] == pytest.approx(np.mean([s / 30 for s in range(21, 31)]))
+  assert "| grpo_offline |" in open(os.path.join(root, "report.md")).read()
+
+
 def test_unknown_stage_is_a_one_line_error(tmp_path):
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   r = subprocess.run([sys.executable, "-m", "launch.study", "--study=mopd", f"--workdir={tmp_path}", "--smoke",
@@ -133,7 +176,7 @@ def test_unknown_stage_is_a_one_line_error(tmp_path):
   assert r.returncode == 2 and "error: --stages: ['nope'] are not stages of the mopd study" in r.stderr
 
 
-@pytest.mark.parametrize("study", ["mopd", "guilibra", "distill"])
+@pytest.mark.parametrize("study", ["mopd", "guilibra", "distill", "grpo"])
 def test_every_full_size_stage_config_validates(study, tmp_path):
   """The full-size stage configs (run once the folders of earlier stages exist) validate;
   stages refer only to folders of earlier stages of the plan."""
@@ -231,7 +274,7 @@ def test_distill_report_from_eval_reports(tmp_path):
     write_report(os.path.join(root, f"eval_{m}"), [e], connect=False)
   steps = [_entry(f"checkpoint@{s}", rng, "checkpoint") for s in (25, 50)]
   write_report(os.path.join(root, "eval_distill_desktop_steps"), steps, connect=False)
-  for run, kl in (("distill_desktop", lambda s: 1.0 / s), ("mopd", lambda s: 0.5)):
+  for run, kl in (("distill_desktop", lambda s: 1.0 / s), *((a, lambda s: 0.5) for a in S.MOPD_ARMS)):
     os.makedirs(os.path.join(root, run))
     with open(os.path.join(root, run, "metrics.jsonl"), "w") as f:
       for s in range(1, 51):
@@ -257,6 +300,8 @@ def test_distill_report_from_eval_reports(tmp_path):
   mob = entries["mopd"]["offline"]["by_platform"]["mobile"]["step_success"]
   t_mob = entries["teacher_mobile"]["offline"]["by_platform"]["mobile"]["step_success"]
   assert res["targets"]["(b) mopd mobile offline accuracy / teacher's"] == pytest.approx(mob / t_mob)
+  off = entries["mopd_distill"]["offline"]["by_platform"]["mobile"]["step_success"]
+  assert res["targets"]["(b) mopd_distill mobile offline accuracy / teacher's"] == pytest.approx(off / t_mob)
   assert "| sweep_k3_0.001 |" in open(os.path.join(root, "report.md")).read()
   for png in res["figures"].values():
     assert os.path.getsize(os.path.join(root, png)) > 1000

@@ -8,6 +8,9 @@ PNG figures into the study's workdir.
                                    offline and online scores, Spearman offline vs online
     distill_report(root, study)    on-policy distillation: KL over steps, offline accuracy
                                    at checkpoints against the teachers, MOPD per platform
+    grpo_report(root, study)       GRPO from an SFT start, offline vs on live episodes: online
+                                   success per platform with intervals, reward / KL / groups
+                                   with equal rewards over training, the part-4 targets
 
 ``study`` is the recipe module (``configs/study_<name>.py``): its model / run names and
 the paper's numbers.
@@ -236,22 +239,25 @@ def distill_report(root: str, study) -> dict:
         "(a) desktop offline accuracy / teacher's (final)": _ratio(final_off, teacher_off["desktop"]),
         "(a) first checkpoint at >= 90% of the teacher": reach,
     }
-    for p in P:
-        targets[f"(b) mopd {p} offline accuracy / teacher's"] = _ratio(rows["mopd"][p]["offline_step_success"],
-                                                                      teacher_off[p])
+    arms = getattr(study, "MOPD_ARMS", ("mopd",))
+    for arm in arms:
+        for p in P:
+            targets[f"(b) {arm} {p} offline accuracy / teacher's"] = _ratio(rows[arm][p]["offline_step_success"],
+                                                                           teacher_off[p])
     claims = {"(a) KL down >= 5x": "yes" if (targets["(a) KL down at least 5x (first vs last window)"] or 0) >= 5
               else "no",
               "(a) >= 90% of the teacher's desktop offline accuracy": "yes" if reach is not None else "no"}
-    for p in P:
-        r = targets[f"(b) mopd {p} offline accuracy / teacher's"]
-        claims[f"(b) >= 90% of teacher_{p}'s offline accuracy on {p}"] = "yes" if (r or 0) >= 0.9 else "no"
-        claims[f"(b) mopd online > base on {p}"] = _beats(rows["mopd"][p], rows["base"][p], strict=True)
+    for arm in arms:
+        for p in P:
+            r = targets[f"(b) {arm} {p} offline accuracy / teacher's"]
+            claims[f"(b) {arm}: >= 90% of teacher_{p}'s offline accuracy on {p}"] = "yes" if (r or 0) >= 0.9 else "no"
+            claims[f"(b) {arm} online > base on {p}"] = _beats(rows[arm][p], rows["base"][p], strict=True)
     results = {"study": "distill", "models": rows, "sweep": choice, "distill_desktop": {
         "kl_first_window": kl_first, "kl_last_window": kl_last, "steps": len(kl),
         "offline_desktop_by_step": steps, "teacher_offline": teacher_off}, "targets": targets, "claims": claims}
     figs = {
         "distill_kl": F.lines(os.path.join(root, "distill_kl.png"), "per-token KL to the teacher (training rollouts)",
-                              [("distill_desktop", kl), ("mopd", _curve(root, "mopd", "kl"))]
+                              [("distill_desktop", kl)] + [(arm, _curve(root, arm, "kl")) for arm in arms]
                               + [(a, _curve(root, a, "kl")) for a in choice["arms"]]),
         "distill_offline": F.lines(os.path.join(root, "distill_offline.png"),
                                    "distill_desktop: held-out desktop offline step accuracy",
@@ -283,4 +289,68 @@ def distill_report(root: str, study) -> dict:
     return _write(root, results, lines)
 
 
-REPORTS = {"mopd": mopd_report, "guilibra": guilibra_report, "distill": distill_report}
+# ----------------------------------------------------------------------------- GRPO
+
+def _disjoint_above(a: dict, b: dict) -> bool:
+    """a's 95% interval lies wholly above b's."""
+    return a["ci95"][0] > b["ci95"][1]
+
+
+def grpo_report(root: str, study) -> dict:
+    """Every model's held-out online success per platform and overall (95% Wilson intervals)
+    and offline step accuracy; per GRPO run: rollout reward, KL and the share of groups with
+    all-equal rewards (first vs last window), training-episode success of the online runs;
+    the targets for the arm ``choose`` picked on training episodes."""
+    P = study.PLATFORMS
+    rows = {m: scores(_eval_entries(root, m)[0], P) for m in study.MODELS}
+    with open(os.path.join(root, study.CHOSEN)) as f:
+        choice = json.load(f)
+    runs = {}
+    for m in study.MODELS[1:]:
+        run = {}
+        for key in ("reward_mean", "kl", "equal_reward_groups", "online/episode_success"):
+            c = _curve(root, m, key)
+            if c:
+                run[key] = {"first": _window(c, 10, last=False), "last": _window(c, 10, last=True)}
+        runs[m] = run
+    sft, best = rows["sft"], rows[choice["arm"]]
+    drop = (sft["overall"]["offline_step_success"] or 0) - (best["overall"]["offline_step_success"] or 0)
+    claims = {f"{choice['arm']} online > sft overall, intervals disjoint": "yes" if _disjoint_above(
+        best["overall"], sft["overall"]) else "no"}
+    for p in P:
+        claims[f"{choice['arm']} online > sft on {p}"] = _beats(best[p], sft[p], strict=True)
+    claims[f"{choice['arm']} offline step accuracy down by at most 0.02 (down {drop:+.3f})"] = \
+        "yes" if drop <= 0.02 else "no"
+    claims["grpo_offline online > sft overall"] = _beats(rows["grpo_offline"]["overall"], sft["overall"], strict=True)
+    results = {"study": "grpo", "models": rows, "runs": runs, "choice": choice, "claims": claims}
+    figs = {key.replace("/", "_"): F.lines(os.path.join(root, f"grpo_{key.replace('/', '_')}.png"), title,
+                                           [(m, _curve(root, m, key)) for m in study.MODELS[1:]])
+            for key, title in (("reward_mean", "GRPO: rollout reward"), ("kl", "GRPO: KL to the SFT reference"),
+                               ("equal_reward_groups", "GRPO: share of groups with all-equal rewards"),
+                               ("online/episode_success", "online runs: training-episode success (last 100)"))}
+    results["figures"] = {k: os.path.basename(v) for k, v in figs.items()}
+    lines = ["# GRPO from an SFT start on the synthetic world", "",
+             f"Chosen online arm (training episodes only): **{choice['arm']}** "
+             + ", ".join(f"{a}: {r['train_success']:.2f} over {r['window']}" for a, r in choice["arms"].items()), "",
+             "## Models (held-out task seeds)", "",
+             "| model | overall online | " + " | ".join(f"{p} online" for p in P) + " | offline | "
+             + " | ".join(f"{p} offline" for p in P) + " |", "|" + "---|" * (3 + 2 * len(P))]
+    for m in study.MODELS:
+        r = rows[m]
+        lines.append(f"| {m} | {_cell(r['overall'])} | " + " | ".join(_cell(r[p]) for p in P) + " | "
+                     + _fmt(r["overall"]["offline_step_success"], 3) + " | "
+                     + " | ".join(_fmt(r[p]["offline_step_success"], 3) for p in P) + " |")
+    lines += ["", "## Training (first vs last 10 steps)", "",
+              "| run | reward | KL | groups with equal rewards | training-episode success |", "|---|---|---|---|---|"]
+    for m, run in runs.items():
+        def fl(k, d=3):
+            v = run.get(k)
+            return "-" if v is None else f"{_fmt(v['first'], d)} -> {_fmt(v['last'], d)}"
+        lines.append(f"| {m} | {fl('reward_mean')} | {fl('kl', 4)} | {fl('equal_reward_groups')} | "
+                     f"{fl('online/episode_success')} |")
+    lines += ["", "## Targets", ""] + [f"- {k}: {v}" for k, v in claims.items()]
+    lines += ["", "Figures: " + ", ".join(f"![{k}]({v})" for k, v in results["figures"].items())]
+    return _write(root, results, lines)
+
+
+REPORTS = {"mopd": mopd_report, "guilibra": guilibra_report, "distill": distill_report, "grpo": grpo_report}

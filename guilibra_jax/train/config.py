@@ -268,7 +268,7 @@ KEYS: dict[str, Key] = {
                             "prefill per row (G x the work)"),
     "rl.world": Key("", K.one_of(*CH.RL_WORLDS),
                     "where prompts come from: '' = the dataset (data.train_files / data.synthetic) | miniwob (live "
-                    "MiniWoB++ pages, GRPO)"),
+                    "MiniWoB++ pages, GRPO) | synthetic (live synthetic-world episodes on train task seeds, GRPO)"),
     "rl.online.workers": Key(2, K.integer(1, note="(browser processes per process)"),
                              "browser processes per process (one live episode, one prompt each)"),
     "rl.online.tasks": Key((), K.strings("MiniWoB++ task names with an expert; () = all of envs.miniwob.TASKS"),
@@ -687,8 +687,8 @@ def _check_rl(c, known: Known) -> None:
 
 
 def _check_world(c, known: Known) -> None:
-    """rl.world = "miniwob": GRPO only, one prompt per browser slot, tasks with an expert,
-    and the [miniwob] extra with Chromium present (the environment's own message)."""
+    """rl.world: GRPO only, one prompt per live slot; "miniwob": tasks with an expert, and
+    the [miniwob] extra with Chromium present (the environment's own message)."""
     r = c.rl
     if not r.world:
         return
@@ -699,6 +699,11 @@ def _check_world(c, known: Known) -> None:
     if r.online.workers * procs != c.data.batch_size:
         _fail("rl.online.workers", r.online.workers, f"data.batch_size / processes = {c.data.batch_size} / {procs} "
               f"(one prompt per browser slot)")
+    if r.world == "synthetic":
+        if tuple(r.online.tasks):
+            _fail("rl.online.tasks", tuple(r.online.tasks), "() with rl.world='synthetic' (its tasks are the "
+                  "platforms of data.synthetic.platforms)")
+        return
     from guilibra_jax.envs.miniwob.experts import TASKS   # light: no browser, no selenium
     unknown = sorted(set(r.online.tasks) - set(TASKS))
     if unknown:

@@ -52,6 +52,7 @@ class SlotResult:
     obs: dict                       # Observation fields, screenshot as "png" bytes
     label: dict | None = None       # expert's action in this observation's state (None when done)
     step_reward: dict | None = None  # the response's GuiLibraReward vs the previous state's label
+    source: str = ""                # the record's source ("" = miniwob-<task>)
 
     def observation(self):
         """The :class:`envs.env.Observation` (screenshot decoded on first access)."""
@@ -76,7 +77,7 @@ class SlotResult:
             history=tuple(o["history"]), image={"bytes": o["png"]}, image_size=tuple(o["screen_size"]),
             target=N.target_from_dict(lab), reasoning=self.label.get("reasoning"),
             alternatives=tuple(N.target_from_dict(a) for a in self.label.get("alternatives", ())),
-            source=f"miniwob-{self.task}", split=split)
+            source=self.source or f"miniwob-{self.task}", split=split)
 
 
 def _obs_payload(obs) -> dict:

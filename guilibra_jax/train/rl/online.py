@@ -1,5 +1,7 @@
-"""Online RL prompts from live MiniWoB++ pages (``rl.world = "miniwob"``): GUI-Libra's GRPO on
-on-policy states ("state groups").
+"""Online RL prompts from live episodes: MiniWoB++ pages (``rl.world = "miniwob"``) or the
+synthetic world (``rl.world = "synthetic"``, :class:`envs.synthetic_pool.SyntheticPool`,
+in process; its tasks are the platforms of ``data.synthetic.platforms`` on train task seeds
+of ``data.synthetic.seed``): GUI-Libra's GRPO on on-policy states ("state groups").
 
     prompts = OnlinePrompts(config, tokenizer, model_config, workdir)   # W browsers (envs.miniwob.pool)
     batch = next(prompts)      # the W live states as a collate_rl batch (the dataset path's prompt code)
@@ -49,9 +51,31 @@ MAX_EMPTY = 3       # batches in a row without one valid prompt before giving up
 
 
 def online_tasks(config) -> tuple[str, ...]:
-    """``rl.online.tasks``, or every task with an expert."""
+    """``rl.online.tasks``, or every task with an expert (the synthetic world: its platforms)."""
+    if config.rl.world == "synthetic":
+        return tuple(config.data.synthetic.platforms)
     from guilibra_jax.envs.miniwob.experts import TASKS
     return tuple(config.rl.online.tasks) or tuple(TASKS)
+
+
+def _make_pool(config, family: str):
+    """The live episodes of ``rl.world``: W browsers, or W synthetic-world slots whose
+    responses are read in the coordinate space and resized sizes the policy's prompts use."""
+    o = config.rl.online
+    if config.rl.world == "synthetic":
+        from guilibra_jax.envs.synthetic_pool import SyntheticPool
+        budgets = DS.pixel_budgets(config.data)
+
+        def resized(size, platform):
+            lo, hi = budgets.bounds(platform)
+            return A.resized_size_for(size, family, min_pixels=lo, max_pixels=hi)
+
+        return SyntheticPool(int(o.workers), coord_space=A.FAMILY_COORD_SPACE[family], resized_size=resized,
+                             max_steps=int(o.max_steps))
+    from guilibra_jax.envs.miniwob.pool import EnvPool
+    space, resized = policy_coords(config, family)
+    return EnvPool(int(o.workers), scale=float(o.scale), max_steps=int(o.max_steps), coord_space=space,
+                   resized_size=resized)
 
 
 def policy_coords(config, family: str) -> tuple[str, tuple[int, int]]:
@@ -93,15 +117,15 @@ class OnlinePrompts:
     ``pool``: an :class:`envs.miniwob.pool.EnvPool` to use instead of starting one (tests)."""
 
     def __init__(self, config, tokenizer, model_config, workdir: str, *, pool=None):
-        from guilibra_jax.envs.miniwob.pool import EnvPool, EpisodeSchedule
-        o = config.rl.online
+        from guilibra_jax.envs.miniwob.pool import EpisodeSchedule
         self.tokenizer, self.model_config = tokenizer, model_config
         self.tasks = online_tasks(config)
-        self.schedule = EpisodeSchedule(self.tasks, seed=config.data.seed, split="train")
-        space, resized = policy_coords(config, model_config.family)
-        self.pool = pool if pool is not None else EnvPool(int(o.workers), scale=float(o.scale),
-                                                          max_steps=int(o.max_steps), coord_space=space,
-                                                          resized_size=resized)
+        if config.rl.world == "synthetic":    # the world's train seeds: never a held-out task
+            s = config.data.synthetic
+            self.schedule = EpisodeSchedule(self.tasks, seed=s.seed, split="train", split_fraction=s.test_fraction)
+        else:
+            self.schedule = EpisodeSchedule(self.tasks, seed=config.data.seed, split="train")
+        self.pool = pool if pool is not None else _make_pool(config, model_config.family)
         self._own_pool = pool is None
         if self._own_pool:
             atexit.register(self.close)

@@ -262,7 +262,9 @@ def rollout_metrics(c: Collected, adv: dict, method: str, max_new_tokens: int, f
     r = RO.group_view(g["reward"], ro.group_size)
     gv = RO.group_view(v, ro.group_size)[:, 0]
     row.update({"reward_mean": float(g["reward"][v].mean()), "success_rate": float(g["success"][v].mean()),
-                "reward_group_std": float(r[gv].std(1).mean()), "response_length": float(g["lengths"][v].mean()),
+                "reward_group_std": float(r[gv].std(1).mean()),
+                "equal_reward_groups": float((np.ptp(r[gv], axis=1) == 0).mean()),   # no GRPO signal
+                "response_length": float(g["lengths"][v].mean()),
                 "truncated_fraction": float((g["lengths"][v] >= max_new_tokens).mean()),
                 "advantage_abs_mean": float(np.abs(g["adv"][v]).mean())})
     for k in sc.parts:

@@ -1,0 +1,176 @@
+"""Online RL on the synthetic world (``rl.world=synthetic``, ``envs/synthetic_pool.py`` behind
+``train/rl/online.py``): the expert's answers, read back through the loop's own prompts and
+reward, score 1 at every state and finish every episode with the world's goal reached; a
+mistake leads to a state the expert labels with its recovery; a restored source replays the
+same states; training episodes never use a held-out task seed; ``launch.train`` runs GRPO on
+live episodes, logs them and resumes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from guilibra_jax.errors import ConfigError
+from guilibra_jax.train import config as run_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def smoke_config(tokenizer_dir=ROOT):
+    from configs import grpo_demo
+    c = grpo_demo.get_config("smoke")
+    c.rl.world = "synthetic"
+    c.rl.online.workers = c.data.batch_size
+    c.rl.online.max_steps = 15
+    c.tokenizer.path = tokenizer_dir
+    return c
+
+
+def test_synthetic_world_config_errors_name_the_key():
+    c = smoke_config()
+    c.rl.online.tasks = ("click-test",)
+    with pytest.raises(ConfigError, match=r"config key rl\.online\.tasks "):
+        run_config.validate(c, planning=True)
+    c = smoke_config()
+    c.rl.online.workers = 3
+    with pytest.raises(ConfigError, match=r"config key rl\.online\.workers "):
+        run_config.validate(c, planning=True)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    """A demo BPE over the world's expert records (what the random smoke policy reads)."""
+    from guilibra_jax.data.demo_tokenizer import build_demo_tokenizer, demo_corpus
+    from guilibra_jax.envs.export import expert_episode, step_record
+    records = [step_record(env, step, {"bytes": b""}, "train") for p in ("desktop", "mobile")
+               for env, step, _ in expert_episode(p, 3)]
+    out = str(tmp_path_factory.mktemp("tok"))
+    build_demo_tokenizer(demo_corpus(records, "qwen2_5_vl", ("guilibra",)), 1024, out)
+    return out
+
+
+def _source(tokenizer_dir, workdir):
+    from guilibra_jax.train import model_factory as MF
+    from guilibra_jax.train.data_source import prepare_tokenizer
+    from guilibra_jax.train.rl.online import OnlinePrompts
+    c = smoke_config(tokenizer_dir)
+    tok = prepare_tokenizer(c, str(workdir))
+    mc = MF.model_config_of(c, tok)
+    return c, mc, OnlinePrompts(c, tok, mc, str(workdir))
+
+
+def _expert_texts(src, batch, mc, G):
+    """G copies of the expert's answer per row, rendered as the policy writes them (points in
+    the row's resized pixels)."""
+    from guilibra_jax import actions as A
+    texts = []
+    for r, where in enumerate(batch["where"]):
+        rec = src.results[int(where.split()[1])].record()
+        act = rec.target.action("resized_pixels", image_size=rec.image_size,
+                                resized_size=tuple(batch["resized_size"][r]))
+        texts += [A.render_response(act, None, family=mc.family)] * G
+    return texts
+
+
+def test_expert_answers_score_one_in_the_loop_and_finish_every_episode(tokenizer_dir, tmp_path):
+    from guilibra_jax.train.rl import rollout as RO
+    c, mc, src = _source(tokenizer_dir, tmp_path)
+    G = 2
+    while src.episodes < 4:
+        batch = next(src)
+        assert batch["row_valid"].all()
+        ro = RO.expand_groups(batch, G)
+        ro.texts = _expert_texts(src, batch, mc, G)
+        scored = RO.score_responses(ro.texts, ro, "grpo", coord_space="resized_pixels")
+        np.testing.assert_allclose(scored.reward, 1.0)
+        src.advance(ro)
+        assert src.metrics()["online/step_reward"] == 1.0
+    m = src.metrics()
+    assert m["online/episode_success"] == 1.0 and m["online/abandoned"] == 0
+    log = [json.loads(l) for l in open(tmp_path / "online_episodes.jsonl")]
+    assert {e["task"] for e in log} == {"desktop", "mobile"} and all(e["success"] for e in log)
+
+
+def test_a_mistake_is_labelled_with_the_experts_recovery(tokenizer_dir, tmp_path):
+    """A wrong action (Home from a task's start) leaves the episode running; the next label
+    is the expert's action from the new state, and following it still reaches the goal."""
+    from guilibra_jax.envs.synthetic_pool import SyntheticPool
+    pool = SyntheticPool(1, coord_space="unit")
+    seeds = [s for s in range(200) if pool.reset([("mobile", s)])[0].label["action_type"] == "Click"]
+    res = pool.reset([("mobile", seeds[0])])[0]
+    first = res.label
+    res = pool.step(['<answer>{"action_type": "NavigateHome", "action_description": "home", "value": "None", '
+                     '"point_2d": "none"}</answer>'])[0]
+    assert not res.done and res.step_reward["accuracy"] == 0.0 and res.label is not None
+    steps = 0
+    while not res.done:
+        from guilibra_jax import actions as A
+        from guilibra_jax.data import native as N
+        t = N.target_from_dict(res.label)
+        res = pool.step([A.render_response(t.action("unit", image_size=res.obs["screen_size"]), None,
+                                           family="qwen3_vl")])[0]
+        assert res.step_reward["accuracy"] == 1.0
+        steps += 1
+    assert res.success and first is not None and steps >= 1
+
+
+def test_restored_source_replays_the_same_states(tokenizer_dir, tmp_path):
+    from guilibra_jax.train.rl import rollout as RO
+    c, mc, src = _source(tokenizer_dir, tmp_path)
+    batch = next(src)
+    ro = RO.expand_groups(batch, 2)
+    ro.texts = ['<answer>{"action_type": "Click", "action_description": "", "value": "None", '
+                '"point_2d": [30, 40]}</answer>'] * ro.rows
+    src.advance(ro)
+    state = json.loads(json.dumps(src.get_state()))        # as the checkpoint stores it
+    want = next(src)
+    c2, mc2, again = _source(tokenizer_dir, tmp_path)
+    again.set_state(state)
+    got = next(again)
+    assert list(got["where"]) == list(want["where"])
+    for key in ("prompt_ids", "prompt_mask"):
+        assert np.array_equal(got[key], want[key])
+    for a, b in zip(RO.expand_groups(got, 1).pixels, RO.expand_groups(want, 1).pixels):
+        assert np.array_equal(a, b)
+    assert again.schedule.state() == src.schedule.state()
+
+
+def test_training_episodes_never_use_a_held_out_task_seed():
+    from guilibra_jax.envs.export import heldout_task_seeds
+    from guilibra_jax.envs.miniwob.pool import EpisodeSchedule
+    s = smoke_config().data.synthetic
+    sched = EpisodeSchedule(("desktop", "mobile"), seed=s.seed, split="train", split_fraction=s.test_fraction)
+    trained = {next(sched)[1] for _ in range(2000)}
+    assert not trained & set(heldout_task_seeds(200, s.seed, s.test_fraction))
+
+
+def _launch(workdir, tokenizer_dir, cache, *extra):
+    cmd = [sys.executable, "-m", "launch.train", "--config=configs/grpo_demo.py:smoke", f"--workdir={workdir}",
+           "--config.rl.world=synthetic", "--config.rl.online.workers=2", "--config.rl.online.max_steps=2",
+           f"--config.tokenizer.path={tokenizer_dir}", f"--config.train.compilation_cache_dir={cache}", *extra]
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.stdout + out.stderr
+
+
+def test_grpo_on_live_synthetic_episodes_runs_logs_episodes_and_resumes(tokenizer_dir, tmp_path):
+    workdir, cache = str(tmp_path / "run"), str(tmp_path / "cache")
+    _launch(workdir, tokenizer_dir, cache, "--config.train.steps=2")
+    rows = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
+    steps = [r for r in rows if "reward_mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert {"online/episodes", "online/env_steps", "online/step_reward", "loss", "kl"} <= set(r)
+        assert r["online/env_steps"] == 2 * r["step"]          # two slots, one step each per rollout
+    log2 = _launch(workdir, tokenizer_dir, cache, "--config.train.steps=3", "--config.train.allow_config_change=True")
+    assert "resumed from step 2" in log2
+    rows = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
+    last = [r for r in rows if "reward_mean" in r][-1]
+    assert last["step"] == 3 and last["online/env_steps"] == 6
+    episodes = [json.loads(l) for l in open(os.path.join(workdir, "online_episodes.jsonl"))]
+    assert len(episodes) == last["online/episodes"]          # the log matches the checkpoint's counters
+    assert {e["task"] for e in episodes} <= {"desktop", "mobile"}
