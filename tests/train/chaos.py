@@ -34,6 +34,10 @@ FRESH = "starting from step 0"
 SEED = int(os.environ.get("GUILIBRA_CHAOS_SEED") or time.time_ns() % 2**31)
 
 
+TRAIN = "launch.train"                        # the module a launch runs (``module=``)
+VARIED_REWARD = "tests.train.varied_reward_train"   # launch.train with rewards that vary in a group
+
+
 def seed_note(seed: int) -> str:
     return f"chaos seed {seed} (rerun with GUILIBRA_CHAOS_SEED={seed})"
 
@@ -59,18 +63,18 @@ class Launch:
         self.proc.wait()
 
 
-def launch(workdir: str, args: list[str], cache_dir: str, tag: str = "run") -> Launch:
+def launch(workdir: str, args: list[str], cache_dir: str, tag: str = "run", module: str = TRAIN) -> Launch:
     os.makedirs(workdir, exist_ok=True)
     log_path = os.path.join(os.path.dirname(os.path.abspath(workdir)),
                             f"{os.path.basename(workdir)}.{tag}.{time.time_ns()}.log")
-    cmd = [sys.executable, "-m", "launch.train", f"--workdir={workdir}", *args]
+    cmd = [sys.executable, "-m", module, f"--workdir={workdir}", *args]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env(cache_dir), stdout=log, stderr=subprocess.STDOUT)
     return Launch(proc, log_path, len(metric_rows(workdir)))
 
 
-def run_to_end(workdir: str, args: list[str], cache_dir: str, timeout: float = 900) -> str:
-    run = launch(workdir, args, cache_dir, "end")
+def run_to_end(workdir: str, args: list[str], cache_dir: str, timeout: float = 900, module: str = TRAIN) -> str:
+    run = launch(workdir, args, cache_dir, "end", module)
     try:
         run.proc.wait(timeout=timeout)
     finally:
@@ -142,13 +146,14 @@ def stop(proc: subprocess.Popen, timeout: float = 5.0) -> None:
         time.sleep(0.001)
 
 
-def kill_during_save(workdir: str, args: list[str], cache_dir: str, min_step: int, tries: int = 3) -> int:
+def kill_during_save(workdir: str, args: list[str], cache_dir: str, min_step: int, tries: int = 3,
+                     module: str = TRAIN) -> int:
     """Launch and kill -9 while orbax writes an asynchronous checkpoint of a step >=
     ``min_step``: when its unfinished folder appears, the process is stopped (SIGSTOP),
     and killed only if that folder is still unfinished then, else let go on to the next
     save. Returns the step whose save was cut; the unfinished folder is left behind."""
     for _ in range(tries):
-        run = launch(workdir, args, cache_dir, "save-kill")
+        run = launch(workdir, args, cache_dir, "save-kill", module)
         seen: set[str] = set(unfinished_saves(workdir))
 
         def fresh_save():
@@ -170,12 +175,12 @@ def kill_during_save(workdir: str, args: list[str], cache_dir: str, min_step: in
 
 
 def kill_at_random_moment(workdir: str, args: list[str], cache_dir: str, rng: random.Random, steps: int,
-                          startup_s: float = 20.0) -> tuple[Launch, str]:
+                          startup_s: float = 20.0, module: str = TRAIN) -> tuple[Launch, str]:
     """Launch and kill -9 at a random moment: during start-up (one time in five: a
     uniform time in [0, startup_s]) or after a random step not logged yet is logged,
     plus a random fraction of a step's time (compute, an asynchronous save, the export
     at the end). Returns the launch and where it was killed (for failure messages)."""
-    run = launch(workdir, args, cache_dir, "random-kill")
+    run = launch(workdir, args, cache_dir, "random-kill", module)
     done = max([r["step"] for r in metric_rows(workdir)], default=0)
     # One kill in five during start-up; else after a step this launch has still to run.
     target = 0 if rng.random() < 0.2 or done >= steps else rng.randint(done + 1, steps)
@@ -218,7 +223,7 @@ def assert_bitwise_equal_exports(reference: str, workdir: str, notes: list[str] 
 
 
 def chaos_run(workdir: str, args: list[str], cache_dir: str, seed: int, kills: int, steps: int,
-              startup_s: float = 20.0) -> list[str]:
+              startup_s: float = 20.0, module: str = TRAIN) -> list[str]:
     """Kill -9 the run ``kills`` times at random moments drawn from ``seed``, each time
     rerunning the same command; then run it to the end. Every launch that gets as far as
     opening its checkpoints must say it resumed from the newest complete checkpoint
@@ -229,12 +234,12 @@ def chaos_run(workdir: str, args: list[str], cache_dir: str, seed: int, kills: i
     print(notes[0], flush=True)   # in the report of any failure, whatever raised
     for k in range(kills):
         expected = max(complete_steps(workdir), default=0)
-        run, where = kill_at_random_moment(workdir, args, cache_dir, rng, steps, startup_s)
+        run, where = kill_at_random_moment(workdir, args, cache_dir, rng, steps, startup_s, module)
         got = resumed_from(run.output())
         notes.append(f"kill {k + 1}: {where} (resumed from {got}, newest complete {expected})")
         if got is not None:
             assert got == expected, "; ".join(notes)
     expected = max(complete_steps(workdir), default=0)
-    out = run_to_end(workdir, args, cache_dir)
+    out = run_to_end(workdir, args, cache_dir, module=module)
     check_resume(out, expected, "; ".join(notes) + "; final rerun")
     return notes

@@ -1,4 +1,5 @@
-"""`python -m launch.train` for the stage-2 trainers: a GRPO run killed with -9 during an
+"""`python -m launch.train` for the stage-2 trainers: a GRPO run (rewards that vary within
+groups: tests/train/varied_reward_train.py) killed with -9 during an
 asynchronous save (and, in the slow test, at 3 random moments) and re-run ends with
 parameters bitwise equal to the uninterrupted run's, rollouts and losses included, each
 rerun saying which step it resumed from; a MOPD run routes to two teachers loaded from a
@@ -35,7 +36,7 @@ def rows(workdir):
 @pytest.fixture(scope="module")
 def grpo_reference(tmp_path_factory, compile_cache):
     full = str(tmp_path_factory.mktemp("grpo_full"))
-    assert chaos.resumed_from(chaos.run_to_end(full, GRPO, compile_cache)) == 0
+    assert chaos.resumed_from(chaos.run_to_end(full, GRPO, compile_cache, module=chaos.VARIED_REWARD)) == 0
     return full
 
 
@@ -44,15 +45,17 @@ def _assert_same_run(full, killed, notes=()):
     ref, resumed = rows(full), rows(killed)
     assert sorted(ref) == [1, 2, 3, 4]
     for step in ref:
-        for key in ("reward_mean", "response_length", "loss", "kl", "grad_norm"):
+        assert ref[step]["advantage_abs_mean"] > 0, ref[step]      # rewards vary within groups
+        for key in ("reward_mean", "reward_group_std", "advantage_abs_mean", "response_length", "loss", "kl",
+                    "grad_norm"):
             assert resumed[step][key] == ref[step][key], (step, key, list(notes))
 
 
 def test_grpo_kill_9_during_an_async_save_then_rerun_is_bitwise_exact(grpo_reference, compile_cache, tmp_path):
     killed = str(tmp_path / "killed")
-    cut = chaos.kill_during_save(killed, GRPO, compile_cache, min_step=2)
+    cut = chaos.kill_during_save(killed, GRPO, compile_cache, min_step=2, module=chaos.VARIED_REWARD)
     assert chaos.unfinished_saves(killed) and max(chaos.complete_steps(killed)) == cut - 1
-    out = chaos.run_to_end(killed, GRPO, compile_cache)
+    out = chaos.run_to_end(killed, GRPO, compile_cache, module=chaos.VARIED_REWARD)
     chaos.check_resume(out, cut - 1, "rerun after a kill during the save of step %d" % cut)
     assert not chaos.unfinished_saves(killed)
     _assert_same_run(grpo_reference, killed)
@@ -61,7 +64,7 @@ def test_grpo_kill_9_during_an_async_save_then_rerun_is_bitwise_exact(grpo_refer
 @pytest.mark.slow
 def test_grpo_killed_at_three_random_moments_ends_bitwise_exact(grpo_reference, compile_cache, tmp_path):
     killed = str(tmp_path / "chaos")
-    notes = chaos.chaos_run(killed, GRPO, compile_cache, chaos.SEED, kills=3, steps=4)
+    notes = chaos.chaos_run(killed, GRPO, compile_cache, chaos.SEED, kills=3, steps=4, module=chaos.VARIED_REWARD)
     _assert_same_run(grpo_reference, killed, notes)
 
 

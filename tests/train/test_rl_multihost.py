@@ -1,6 +1,7 @@
 """Stage 2 on several processes, through `python -m launch.train` (gloo collectives, fake
-CPU devices): 2 processes x 2 devices give the same per-step rewards, losses and KL as 1
-process x 4 devices, for GRPO and for MOPD (two teachers routed across processes); a
+CPU devices): 2 processes x 2 devices give the same per-step rewards, group statistics, advantages,
+losses and KL as 1 process x 4 devices, for GRPO (a reward that varies within groups,
+tests/train/varied_reward_train.py: a random policy's own rewards are all equal) and for MOPD (two teachers routed across processes); a
 killed process, then a rerun, repeats the uninterrupted run; SIGTERM to one process makes
 both save the same step and exit 0; non-finite updates stop a run after
 train.max_skipped_updates with an error naming the steps.
@@ -29,7 +30,9 @@ GRPO = ["--config=configs/grpo_demo.py:smoke", "--config.data.synthetic.tasks=8"
         "--config.train.checkpoint_every=1", "--config.train.async_checkpoints=False",
         "--config.rl.reference=random:5"]
 MOPD = ["--config=configs/mopd_demo.py:smoke", "--config.data.synthetic.tasks=8", "--config.train.steps=2"]
-KEYS = ("reward_mean", "response_length", "loss", "kl", "grad_norm", "entropy")
+KEYS = ("reward_mean", "reward_group_std", "advantage_abs_mean", "response_length", "loss", "kl", "grad_norm",
+        "entropy")
+VARIED = "tests.train.varied_reward_train"   # GRPO with rewards that vary within groups (random policy)
 
 
 def _port() -> int:
@@ -38,8 +41,8 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def start(workdir, args, processes=1, devices=4):
-    """Popen per process of one run (each with `devices` fake CPU devices)."""
+def start(workdir, args, processes=1, devices=4, module="launch.train"):
+    """Popen per process of one run (each with `devices` fake CPU devices) of ``module``."""
     port = _port()
     procs = []
     for i in range(processes):
@@ -49,7 +52,7 @@ def start(workdir, args, processes=1, devices=4):
             env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),
                        JAX_PROCESS_ID=str(i))
         log = open(os.path.join(str(workdir) + f".p{i}.log"), "w")
-        cmd = [sys.executable, "-m", "launch.train", f"--workdir={workdir}", *args]
+        cmd = [sys.executable, "-m", module, f"--workdir={workdir}", *args]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True))
     return procs
 
@@ -63,8 +66,8 @@ def finish(workdir, procs, timeout=900):
     return codes
 
 
-def run(workdir, args, processes=1, devices=4):
-    procs = start(workdir, args, processes, devices)
+def run(workdir, args, processes=1, devices=4, module="launch.train"):
+    procs = start(workdir, args, processes, devices, module)
     codes = finish(workdir, procs)
     assert codes == [0] * processes, logs(workdir, processes)
     return rows(workdir)
@@ -115,13 +118,15 @@ def wait_for_checkpoint(workdir, procs, timeout=600):
 def grpo_two(tmp_path_factory):
     """The uninterrupted 2-process GRPO run."""
     workdir = str(tmp_path_factory.mktemp("grpo") / "two")
-    return workdir, run(workdir, GRPO, processes=2, devices=2)
+    return workdir, run(workdir, GRPO, processes=2, devices=2, module=VARIED)
 
 
 def test_grpo_two_processes_equal_one(grpo_two, tmp_path):
     _, two = grpo_two
-    one = run(str(tmp_path / "one"), GRPO, processes=1, devices=4)
+    one = run(str(tmp_path / "one"), GRPO, processes=1, devices=4, module=VARIED)
     assert sorted(one) == sorted(two) == [1, 2, 3]
+    for step in one:     # rewards differ within groups: group statistics and advantages are compared too
+        assert one[step]["reward_group_std"] > 0 and one[step]["advantage_abs_mean"] > 0, one[step]
     assert_same(one, two, [1, 2, 3])
 
 
@@ -140,7 +145,7 @@ def test_mopd_two_processes_equal_one_with_teachers_routed_across_processes(tmp_
 def test_kill_9_of_one_process_then_rerun_equals_uninterrupted(grpo_two, tmp_path):
     full_dir, full = grpo_two
     workdir = str(tmp_path / "killed")
-    procs = start(workdir, GRPO, processes=2, devices=2)
+    procs = start(workdir, GRPO, processes=2, devices=2, module=VARIED)
     wait_for_checkpoint(workdir, procs)
     procs[1].send_signal(signal.SIGKILL)
     time.sleep(1.0)
@@ -148,7 +153,7 @@ def test_kill_9_of_one_process_then_rerun_equals_uninterrupted(grpo_two, tmp_pat
     finish(workdir, procs)
     done = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
     assert done and max(done) < 3
-    resumed = run(workdir, GRPO, processes=2, devices=2)
+    resumed = run(workdir, GRPO, processes=2, devices=2, module=VARIED)
     assert f"resumed from step {max(done)}" in logs(workdir, 2)
     assert_same(full, resumed, range(max(done) + 1, 4))
     _same_export(full_dir, workdir)
