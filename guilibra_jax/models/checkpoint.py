@@ -57,12 +57,12 @@ def file_name(canonical: str, family: str) -> str:
   return canonical
 
 
-def _kernel_in_dims(path: tuple) -> int:
+def kernel_in_dims(path: tuple) -> int:
   mod, parent = path[-2], path[-3] if len(path) >= 3 else None
   return 2 if mod == "o_proj" or (mod == "proj" and parent == "attn") else 1
 
 
-def _entries(state, config: ModelConfig) -> Iterator[tuple[str, tuple, int | None, str]]:
+def hf_entries(state, config: ModelConfig) -> Iterator[tuple[str, tuple, int | None, str]]:
   """(canonical HF name, state path, layer index for stacked params or None, kind) per HF tensor."""
   for path, _ in nnx.to_flat_state(state):
     path = tuple(path)
@@ -70,7 +70,7 @@ def _entries(state, config: ModelConfig) -> Iterator[tuple[str, tuple, int | Non
     if path[0] == "visual" and path[1:3] == ("patch_embed", "proj") and leaf == "kernel":
       kind = "conv"
     elif leaf == "kernel":
-      kind = f"linear{_kernel_in_dims(path)}"
+      kind = f"linear{kernel_in_dims(path)}"
     elif leaf == "embedding":
       kind = "embed"
     else:
@@ -233,7 +233,7 @@ def load_hf(path: str, dtype=jnp.float32, param_dtype=jnp.float32, mesh=None, **
   config = _untie_if_distinct_head(config, files, by_canonical)
   abstract = nnx.eval_shape(lambda: QwenVL(config, dtype=dtype, param_dtype=param_dtype, **model_kwargs))
   gdef, state = nnx.split(abstract)
-  entries = list(_entries(state, config))
+  entries = list(hf_entries(state, config))
   expected = {e[0] for e in entries}
   unexpected = sorted(k for k in by_canonical if k not in expected and not (
       k == "lm_head.weight" and config.tie_word_embeddings))
@@ -307,7 +307,7 @@ def hf_state_dict(model: QwenVL, dtype=None) -> dict[str, jax.Array]:
   state = nnx.state(model, nnx.Param)
   flat = dict((tuple(p), v) for p, v in nnx.to_flat_state(state))
   out = {}
-  for name, spath, layer, kind in _entries(state, config):
+  for name, spath, layer, kind in hf_entries(state, config):
     # jnp, not numpy: a numpy transpose is a strided view that safetensors.flax writes in
     # memory order, which silently scrambles the weights (seen with device_get'd params).
     value = jnp.asarray(flat[spath].get_value())

@@ -362,7 +362,9 @@ SECTIONS: dict[str, str] = {
           "scoring pass less per step. `rl.share_prefill`: the vision tower and the prompt run once per group, "
           "their KV cache shared by its G rows. `rl.world = 'miniwob'`: prompts from live MiniWoB++ pages in "
           "headless Chromium (GRPO on on-policy states, labelled by the DOM experts; `train/rl/online.py`; the "
-          "optional `[miniwob]` extra), with `data.batch_size = rl.online.workers x processes`.",
+          "optional `[miniwob]` extra), with `data.batch_size = rl.online.workers x processes`. `rl.world = "
+          "'synthetic'`: the same on live episodes of the synthetic world (train task seeds of "
+          "`data.synthetic.seed`, each state labelled by the world's expert; `envs/synthetic_pool.py`), in process.",
     "rl.sngs": "GUI-Libra's success-adaptive negative gradient scaling (GRPO): a group's negative advantages are "
                "multiplied by lambda = min(lambda0 + kappa * signal, 1).",
     "rl.reward": "The verifier rewards (`guilibra_jax/rewards.py`). GRPO: total = w_fmt * format + (1 - w_fmt) * "
@@ -376,7 +378,8 @@ SECTIONS: dict[str, str] = {
                        "dropped and more rounds of `data.batch_size` prompts are sampled until `rl.update_groups` "
                        "groups are kept; after `max_rounds` rounds (0 = no limit, the release) the update is "
                        "completed with dropped groups that carry no loss (logged as `group_filter/short_groups`).",
-    "rl.online": "`rl.world = 'miniwob'`: the browser workers (`data.batch_size = rl.online.workers x processes`).",
+    "rl.online": "`rl.world = 'miniwob'` / `'synthetic'`: the live episodes' slots (`data.batch_size = "
+                 "rl.online.workers x processes`).",
     "mesh": "The device mesh: at most one axis is -1 (the rest of the devices); rows are split over data x fsdp.",
     "train": "The run harness: steps, checkpoints, evals, export and logging.",
     "train.wandb": "Weights & Biases (`pip install 'guilibra_jax[wandb]'`); `project = ''` leaves it off.",

@@ -11,19 +11,7 @@ import jax
 import optax
 
 from guilibra_jax.choices import SCHEDULES
-
-
-def param_paths(params: Any) -> Any:
-    """Same tree as ``params`` with each leaf replaced by its '/'-joined path."""
-    def name(path, _):
-        return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-    return jax.tree_util.tree_map_with_path(name, params)
-
-
-def unmatched_patterns(params: Any, patterns) -> list[str]:
-    """The regexes among ``patterns`` that match no parameter path of ``params``."""
-    paths = jax.tree.leaves(param_paths(params))
-    return [p for p in patterns if not any(re.search(p, path) for path in paths)]
+from guilibra_jax.param_paths import param_paths, unmatched_patterns  # noqa: F401  (train.state uses both)
 
 
 def learning_rate_schedule(lr: float, total_steps: int, warmup_steps: int = 0, schedule: str = "cosine",
