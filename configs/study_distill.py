@@ -17,6 +17,7 @@
                      by its platform's teacher) and the task reward, chosen estimator and lr,
                      the paper's adaptive KL mask
     mopd_nomask      (b) the same with the KL on every row (``rl.mopd.kl_mask = off``)
+    mopd_nomask_2x   the same for twice the steps (each platform gets half of a step's rollouts)
     mopd_distill     (b) both teachers, platform routing, task reward off (pure multi-teacher
                      on-policy distillation): what the KL term alone reaches in the budget
     eval_<model>     held-out offline step accuracy (every checkpoint of distill_desktop)
@@ -34,7 +35,8 @@ import os
 from configs import study_mopd
 
 ROOT = "runs/study_distill"
-ARGS = ("base", "teacher_desktop", "teacher_mobile", "distill_desktop", "mopd", "mopd_nomask", "mopd_distill")   # a literal: launch.recipes reads it
+ARGS = ("base", "teacher_desktop", "teacher_mobile", "distill_desktop", "mopd", "mopd_nomask", "mopd_distill",
+        "mopd_nomask_2x")   # a literal: launch.recipes reads it
 PLATFORMS = study_mopd.PLATFORMS
 SWEEP = (("k3", 1e-3), ("logratio_advantage", 3e-4), ("logratio_advantage", 1e-3), ("full_kl", 1e-3))
 SWEEP_STEPS = 30
@@ -43,7 +45,7 @@ DISTILL_STEPS = 600          # the specialist's own budget (study_mopd.SPECIALIS
 MOPD_STEPS = 600            # the same budget as distill_desktop (150 left both platforms below the base)
 CHECKPOINT_EVERY = 25
 EVAL_EPISODES = 80           # online episodes per platform (held-out task seeds)
-MOPD_ARMS = ("mopd", "mopd_nomask", "mopd_distill")
+MOPD_ARMS = ("mopd", "mopd_nomask", "mopd_distill", "mopd_nomask_2x")
 MODELS = ("base", "teacher_desktop", "teacher_mobile", "distill_desktop", *MOPD_ARMS)
 CHOSEN = "sweep_choice.json"
 UNSWEPT = ("logratio_advantage", 3e-4)   # the arm of a stage run without the sweep's choice
@@ -111,7 +113,7 @@ def get_config(arg: str = "base", root: str = ROOT, smoke: bool = False):
     else:
         c = _distill(root, smoke, est, lr, platforms=PLATFORMS, task_reward=arg != "mopd_distill")
         c.rl.mopd.kl_mask = "paper" if arg == "mopd" else "off"
-        c.train.steps = 2 if smoke else MOPD_STEPS
+        c.train.steps = 2 if smoke else MOPD_STEPS * (2 if arg.endswith("_2x") else 1)
     if smoke:
         c.train.checkpoint_every = 1
     return c

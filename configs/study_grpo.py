@@ -30,7 +30,7 @@ from configs.study_mopd import eval_config as _eval_config
 ROOT = "runs/study_grpo"
 PLATFORMS = ("desktop", "mobile")
 STEPS = 200
-ONLINE_LRS = (1e-4, 3e-4)
+ONLINE_LRS = (1e-4, 3e-4, 1e-3)   # 1e-4 moved nothing in 200 steps (KL 0.01; the MOPD study: 1e-3)
 CHECKPOINT_EVERY = 50
 EVAL_EPISODES = 200          # held-out online episodes per platform
 CHOOSE_WINDOW = 200          # training episodes that choose the online arm

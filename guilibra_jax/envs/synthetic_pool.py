@@ -34,9 +34,14 @@ def _payload(obs) -> dict:
 
 
 def _label(env: GuiEnv):
-    """(label dict, rewards.Target) of the expert's action in ``env``'s state."""
+    """(label dict, rewards.Target) of the expert's action in ``env``'s state; (None, None)
+    where the expert has none: a mistake made the task impossible (e.g. the item to open was
+    deleted), and the trainer restarts the slot (``online/abandoned``)."""
     from guilibra_jax import rewards as R
-    step = env.expert_step()
+    try:
+        step = env.expert_step()
+    except (ValueError, KeyError, AssertionError):   # the expert's plan cannot find its target
+        return None, None
     main = demo_target(step.main)
     alts = tuple(demo_target(d) for d in step.alternatives)
 

@@ -117,6 +117,30 @@ def test_a_mistake_is_labelled_with_the_experts_recovery(tokenizer_dir, tmp_path
     assert res.success and first is not None and steps >= 1
 
 
+def test_a_state_the_expert_cannot_label_restarts_its_slot(tokenizer_dir, tmp_path, monkeypatch):
+    """A mistake can make a task impossible (the item to open deleted): the expert has no
+    action there, the slot is counted abandoned and plays the schedule's next task."""
+    from guilibra_jax.envs import expert as E
+    from guilibra_jax.train.rl import rollout as RO
+    c, mc, src = _source(tokenizer_dir, tmp_path)
+    batch = next(src)
+    before = [(r.task, r.seed) for r in src.results]
+    ro = RO.expand_groups(batch, 2)
+    ro.texts = _expert_texts(src, batch, mc, 2)
+    real, calls = E.Expert.step, []
+
+    def step(self):          # the states the responses lead to have no expert action; new episodes do
+        calls.append(1)
+        if len(calls) <= len(before):
+            raise ValueError("'photo.png' is not in list")
+        return real(self)
+
+    monkeypatch.setattr(E.Expert, "step", step)
+    src.advance(ro)
+    assert src.metrics()["online/abandoned"] == len(before) - src.episodes
+    assert all((r.task, r.seed) not in before for r in src.results) and all(r.label for r in src.results)
+
+
 def test_restored_source_replays_the_same_states(tokenizer_dir, tmp_path):
     from guilibra_jax.train.rl import rollout as RO
     c, mc, src = _source(tokenizer_dir, tmp_path)
