@@ -35,8 +35,10 @@ CHECKPOINT_EVERY = 50
 EVAL_EPISODES = 200          # held-out online episodes per platform
 CHOOSE_WINDOW = 200          # training episodes that choose the online arm
 CHOSEN = "choice.json"
-ONLINE = tuple(f"grpo_online_lr{lr:g}" for lr in ONLINE_LRS)
-ARGS = ("sft", "grpo_offline", *ONLINE)      # a literal list of names: launch.recipes reads ARGS
+# A literal list of names: launch.recipes reads ARGS from the source without importing it.
+ARGS = ("sft", "grpo_offline", "grpo_online_lr0.0001", "grpo_online_lr0.0003", "grpo_online_lr0.001")
+ONLINE = ARGS[2:]
+assert ONLINE == tuple(f"grpo_online_lr{lr:g}" for lr in ONLINE_LRS), "ARGS must name ONLINE_LRS"
 MODELS = ARGS
 
 

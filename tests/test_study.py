@@ -158,9 +158,11 @@ def test_grpo_report_from_eval_reports(tmp_path):
   for i, arm in enumerate(S.ONLINE):
     with open(os.path.join(root, arm, "online_episodes.jsonl"), "w") as f:
       for k in range(10):
-        f.write(json.dumps({"task": "desktop", "seed": k, "success": k < 3 + 4 * i, "steps": 2}) + "\n")
-  choice = S.choose(root)
-  assert choice["arm"] == S.ONLINE[-1] and choice["arms"][S.ONLINE[-1]]["train_success"] == 0.7
+        f.write(json.dumps({"task": "desktop", "seed": k, "success": k < 2 + 3 * i, "steps": 2}) + "\n")
+  choice = S.choose(root)   # success 0.2, 0.5, 0.8, ... by arm: the last arm wins
+  last = 2 + 3 * (len(S.ONLINE) - 1)
+  assert last <= 10, "this test writes 10 episodes per arm"
+  assert choice["arm"] == S.ONLINE[-1] and choice["arms"][S.ONLINE[-1]]["train_success"] == last / 10
   res = grpo_report(root, S)
   best, sft = scores(entries[choice["arm"]], S.PLATFORMS), scores(entries["sft"], S.PLATFORMS)
   key = f"{choice['arm']} online > sft overall, intervals disjoint"
