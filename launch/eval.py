@@ -6,6 +6,11 @@ Runs offline step metrics and online episodes in the synthetic world for every a
 training run or an export), endpoint (a model served by vLLM / SGLang / an API).
 """
 
+from guilibra_jax.train import distributed
+
+if __name__ == "__main__":
+    distributed.reexec_with_hugepages()   # malloc in huge pages (glibc tunable, read at start-up)
+
 import json
 import logging
 

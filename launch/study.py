@@ -19,6 +19,11 @@ function, called when the stage runs (a config chosen from earlier stages' resul
 records its study (``study.json``): another study's workdir is refused.
 """
 
+from guilibra_jax.train import distributed
+
+if __name__ == "__main__":
+    distributed.reexec_with_hugepages()   # malloc in huge pages (glibc tunable, read at start-up)
+
 import importlib
 import json
 import logging

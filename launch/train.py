@@ -7,6 +7,8 @@ Re-running the same command resumes from the latest complete checkpoint in DIR.
 
 from guilibra_jax.train import distributed
 
+if __name__ == "__main__":
+    distributed.reexec_with_hugepages()   # malloc in huge pages (glibc tunable, read at start-up)
 distributed.apply_gpu_xla_flags()  # before jax initialises its backends
 distributed.apply_tpu_xla_flags()  # on a Cloud TPU VM only
 

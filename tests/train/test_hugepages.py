@@ -1,0 +1,44 @@
+"""The launchers re-execute themselves with glibc's huge-page tunable for malloc (see
+distributed.HUGEPAGE_TUNABLE): same pid and command line, the user's own setting kept."""
+
+import os
+import subprocess
+import sys
+
+from guilibra_jax.train import distributed as D
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_the_environment_gains_the_tunable_only_where_glibc_reads_it():
+  assert D.hugepage_environ({}, "glibc 2.36")["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+  assert D.hugepage_environ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, "glibc 2.35")["GLIBC_TUNABLES"] == \
+      "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+  assert D.hugepage_environ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, "glibc 2.36") is None   # the user's
+  assert D.hugepage_environ({"GUILIBRA_NO_HUGEPAGES": "1"}, "glibc 2.36") is None
+  assert D.hugepage_environ({}, "glibc 2.31") is None          # older glibc: no such tunable
+  assert D.hugepage_environ({}, "musl 1.2") is None
+  assert D.hugepage_environ({}, "") is None
+
+
+def test_a_launcher_reexecutes_once_with_the_same_pid_and_arguments(tmp_path):
+  script = tmp_path / "probe.py"
+  script.write_text(
+      "import os, sys\n"
+      "print('start', os.getpid(), os.environ.get('GLIBC_TUNABLES', ''), sys.argv[1:], flush=True)\n"
+      "from guilibra_jax.train import distributed\n"
+      "distributed.reexec_with_hugepages()\n"
+      "print('after', os.getpid(), os.environ.get('GLIBC_TUNABLES', ''), sys.argv[1:], flush=True)\n")
+  env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "GUILIBRA_NO_HUGEPAGES")}
+  env["PYTHONPATH"] = ROOT
+  out = subprocess.run([sys.executable, str(script), "--flag=a b"], env=env, capture_output=True, text=True,
+                       timeout=60, check=True).stdout.split("\n")
+  lines = [line for line in out if line]
+  expected = D.hugepage_environ(env, os.confstr("CS_GNU_LIBC_VERSION"))
+  if expected is None:      # not glibc >= 2.35: nothing to do, no re-exec
+    assert [line.split()[0] for line in lines] == ["start", "after"]
+    return
+  pids = {line.split()[1] for line in lines}
+  assert [line.split()[0] for line in lines] == ["start", "start", "after"]   # one re-exec, then on
+  assert len(pids) == 1                                                        # the same process
+  assert lines[-1].endswith("glibc.malloc.hugetlb=1 ['--flag=a b']")
