@@ -42,3 +42,17 @@ def test_a_launcher_reexecutes_once_with_the_same_pid_and_arguments(tmp_path):
   assert [line.split()[0] for line in lines] == ["start", "start", "after"]   # one re-exec, then on
   assert len(pids) == 1                                                        # the same process
   assert lines[-1].endswith("glibc.malloc.hugetlb=1 ['--flag=a b']")
+
+
+def test_the_demo_run_benchmark_runs_a_side_and_writes_its_file(tmp_path):
+  """benchmarks.demo_run end to end on the smoke recipe (one side, one round): it cannot rot."""
+  import json
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  subprocess.run([sys.executable, "-m", "benchmarks.demo_run", "--config=configs/demo.py:smoke", "--steps=2",
+                  "--rounds=1", "--sides=no_hugepages", f"--out_dir={tmp_path}", "--loaded"], cwd=ROOT, env=env,
+                 check=True, capture_output=True, text=True, timeout=300)
+  (path,) = tmp_path.glob("demo_run-*.json")
+  res = json.loads(path.read_text())
+  (run,) = res["runs"]
+  assert run["side"] == "no_hugepages" and run["wall_s"] > 0 and run["minor_faults"] > 0
+  assert res["git"]["commit"] and res["loaded"] is True
