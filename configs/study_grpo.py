@@ -32,6 +32,7 @@ PLATFORMS = ("desktop", "mobile")
 STEPS = 200
 ONLINE_LRS = (1e-4, 3e-4, 1e-3)   # 1e-4 moved nothing in 200 steps (KL 0.01; the MOPD study: 1e-3)
 CHECKPOINT_EVERY = 50
+STEP_LIMIT = 15              # steps per online episode, training and evaluation (launch.eval's limit)
 EVAL_EPISODES = 100          # held-out online episodes per platform (the issue: at least 80)
 CHOOSE_WINDOW = 200          # training episodes that choose the online arm
 CHOSEN = "choice.json"
@@ -65,7 +66,7 @@ def get_config(arg: str = "sft", root: str = ROOT, smoke: bool = False):
     if arg in ONLINE:
         c.rl.world = "synthetic"
         c.rl.online.workers = c.data.batch_size
-        c.rl.online.max_steps = 2 if smoke else 15   # launch.eval's episode limit
+        c.rl.online.max_steps = 2 if smoke else STEP_LIMIT
         c.optim.lr = ONLINE_LRS[ONLINE.index(arg)]
     return c
 

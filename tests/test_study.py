@@ -169,6 +169,9 @@ def test_grpo_report_from_eval_reports(tmp_path):
   assert res["claims"][key] == ("yes" if best["overall"]["ci95"][0] > sft["overall"]["ci95"][1] else "no")
   assert res["runs"]["grpo_offline"]["reward_mean"]["last"] == pytest.approx(np.mean([s / 30 for s in range(21, 31)]))
   assert "| grpo_offline |" in open(os.path.join(root, "report.md")).read()
+  w = res["runs"][S.ONLINE[0]]["training_episodes"]       # 10 episodes of 2 steps, 2 successes
+  assert w["last"] == {"episodes": 10, "success": 0.2, "mean_steps": 2.0, "at_step_limit": 0.0}
+  assert "training_episodes" not in res["runs"]["grpo_offline"]
 
 
 def test_unknown_stage_is_a_one_line_error(tmp_path):

@@ -296,6 +296,25 @@ def _disjoint_above(a: dict, b: dict) -> bool:
     return a["ci95"][0] > b["ci95"][1]
 
 
+def _episode_windows(root: str, run: str, cap: int, n: int = 100) -> dict | None:
+    """The first and last ``n`` training episodes an online run finished (``online_episodes.jsonl``):
+    success, mean length and the share that ran to the step limit ``cap`` (looping)."""
+    path = os.path.join(root, run, "online_episodes.jsonl")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        eps = [json.loads(line) for line in f if line.strip()]
+    if not eps:
+        return None
+
+    def window(w):
+        return {"episodes": len(w), "success": sum(bool(e["success"]) for e in w) / len(w),
+                "mean_steps": sum(e["steps"] for e in w) / len(w),
+                "at_step_limit": sum(e["steps"] >= cap for e in w) / len(w)}
+
+    return {"first": window(eps[:n]), "last": window(eps[-n:]), "episodes": len(eps), "step_limit": cap}
+
+
 def grpo_report(root: str, study) -> dict:
     """Every model's held-out online success per platform and overall (95% Wilson intervals)
     and offline step accuracy; per GRPO run: rollout reward, KL and the share of groups with
@@ -312,6 +331,8 @@ def grpo_report(root: str, study) -> dict:
             c = _curve(root, m, key)
             if c:
                 run[key] = {"first": _window(c, 10, last=False), "last": _window(c, 10, last=True)}
+        if m in study.ONLINE:
+            run["training_episodes"] = _episode_windows(root, m, study.STEP_LIMIT)
         runs[m] = run
     sft, best = rows["sft"], rows[choice["arm"]]
     drop = (sft["overall"]["offline_step_success"] or 0) - (best["overall"]["offline_step_success"] or 0)
@@ -348,6 +369,15 @@ def grpo_report(root: str, study) -> dict:
             return "-" if v is None else f"{_fmt(v['first'], d)} -> {_fmt(v['last'], d)}"
         lines.append(f"| {m} | {fl('reward_mean')} | {fl('kl', 4)} | {fl('equal_reward_groups')} | "
                      f"{fl('online/episode_success')} |")
+    lines += ["", f"## Training episodes of the online runs (first vs last 100; step limit {study.STEP_LIMIT})", "",
+              "| run | episodes | success | mean steps | share at the step limit |", "|---|---|---|---|---|"]
+    for m in study.ONLINE:
+        w = runs[m].get("training_episodes")
+        if w:
+            f, la = w["first"], w["last"]
+            lines.append(f"| {m} | {w['episodes']} | {f['success']:.2f} -> {la['success']:.2f} | "
+                         f"{f['mean_steps']:.1f} -> {la['mean_steps']:.1f} | "
+                         f"{f['at_step_limit']:.2f} -> {la['at_step_limit']:.2f} |")
     lines += ["", "## Targets", ""] + [f"- {k}: {v}" for k, v in claims.items()]
     lines += ["", "Figures: " + ", ".join(f"![{k}]({v})" for k, v in results["figures"].items())]
     return _write(root, results, lines)
