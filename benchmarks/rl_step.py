@@ -12,8 +12,16 @@ the final checkpoint.
 Sizes (model.tiny.*; the vocabulary is the synthetic world's tokenizer, data.synthetic.tokenizer_vocab):
   tiny       the recipe's own (text 128 x 2 layers, vision 64 x 2)
   medium     text 256 x 4 layers, vision 128 x 2
-  bench100m  benchmarks/_common.py's bench100m shapes (text 512 x 8, vision 384 x 4); with the
-             synthetic 1k vocabulary instead of Qwen's 152k it has ~30M parameters, not ~113M.
+  bench35m   benchmarks/_common.py's bench100m shapes (text 512 x 8, vision 384 x 4) with the
+             synthetic 1k vocabulary instead of Qwen's 152k: 35.3M parameters (files before
+             this name called it bench100m).
+
+Rewards (--reward): ``tokens`` (default) replaces the task reward with (first response token
+id mod 3) / 2 of a valid row (0, 0.5 or 1; success at 1), a function of the sampled tokens that
+varies within a group for any policy, so that group statistics, advantages and the update
+carry signal and "identical rewards" between the sides is a check that can fail; ``task``
+keeps the recipe's GUI-Libra reward (a random policy's text never parses: every reward equal).
+The JSON records the rewards' within-group spread (``reward_group_std_mean``, > 0 for tokens).
 
 Shared prompts (``shared_prompts`` in the JSON; --share_rounds, 0 = off): after the run, whole
 GRPO steps (the phases' rollout, reward, advantages, score, update) with each prompt computed once
@@ -27,7 +35,7 @@ largest per-round difference of reward, loss, gradient norm and KL between the s
 
   python -m benchmarks.rl_step                                   # tiny, 2 prompts x G=4, 4 steps
   python -m benchmarks.rl_step --size=medium --prompts=4 --group=8 --max_new_tokens=64 --steps=4
-  python -m benchmarks.rl_step --size=bench100m --prompts=8 --group=8 --share_rounds=4
+  python -m benchmarks.rl_step --size=bench35m --prompts=8 --group=8 --share_rounds=4
   python -m benchmarks.rl_step --set rl.minibatches=1 --set model.dtype=bfloat16
 
 Writes benchmarks/results/rl_step-<size>-<dtype>-<machine>.json (see --out_dir) and prints it.
@@ -62,10 +70,25 @@ SIZES = {
     "tiny": {},
     "medium": dict(hidden=256, intermediate=768, layers=4, heads=4, kv_heads=2, vision_depth=2, vision_hidden=128,
                    vision_intermediate=256, vision_heads=4),
-    "bench100m": dict(hidden=512, intermediate=1536, layers=8, heads=8, kv_heads=2, vision_depth=4,
+    "bench35m": dict(hidden=512, intermediate=1536, layers=8, heads=8, kv_heads=2, vision_depth=4,
                       vision_hidden=384, vision_intermediate=1024, vision_heads=6),
 }
 PARTS = ("sample_s", "score_s", "update_s")
+REWARDS = ("tokens", "task")
+
+
+def token_reward(s, ro):
+    """(first response token id mod 3) / 2 for a valid row, 0 otherwise; success at 1: the
+    phases' ``reward(setup, rollout) -> Scored`` with a reward that varies within a group for
+    any policy (also used by tests/train/varied_reward_train.py)."""
+    from guilibra_jax.train.rl import rollout as RO
+    r = np.where(ro.valid, (np.asarray(ro.tokens)[:, 0] % 3) / 2.0, 0.0).astype(np.float32)
+    return RO.Scored(r, (r >= 1.0) & np.asarray(ro.valid, bool), {})
+
+
+def group_std_mean(reward: np.ndarray, group: int) -> float:
+    """The mean over groups of the rewards' standard deviation within a group."""
+    return float(np.asarray(reward, np.float64).reshape(-1, group).std(axis=1).mean())
 
 
 def load_config(spec: str):
@@ -124,6 +147,9 @@ def summarize(rows: list[dict], config) -> dict:
     out["rollout_tokens_per_s"] = round(float(np.mean([t / r["sample_s"] for t, r in zip(tokens, steady)])), 1)
     out["response_length"] = round(float(np.mean([r.get("response_length", 0.0) for r in steady])), 2)
     out["truncated_fraction"] = round(float(np.mean([r.get("truncated_fraction", 0.0) for r in steady])), 3)
+    for k in ("reward_mean", "reward_group_std"):       # the run's own rewards (metrics rows)
+        vals = [r[k] for r in steady if k in r]
+        out[k] = round(float(np.mean(vals)), 4) if vals else None
     return out
 
 
@@ -154,7 +180,7 @@ def compare_sharing(config, workdir: str, rounds: int) -> dict:
     prompts = Prompts(loader)
     times = {name: {k: [] for k in PARTS} for name in sides}
     seen = {name: [] for name in sides}
-    same, rows = True, 0
+    same, same_rewards, rows = True, True, 0
     rl = config.rl
 
     def one_step(name, batch, key):
@@ -186,14 +212,17 @@ def compare_sharing(config, workdir: str, rounds: int) -> dict:
                         times[name][k].append(t)
                 ro, sc, metrics, _ = out[name]
                 seen[name].append({"reward_mean": float(sc.reward[ro.valid].mean()), "loss": float(metrics["loss"]),
-                                   "grad_norm": float(metrics["grad_norm"]), "kl": float(metrics["kl"])})
+                                   "grad_norm": float(metrics["grad_norm"]), "kl": float(metrics["kl"]),
+                                   "reward_group_std": group_std_mean(sc.reward, rl.group_size)})
             a, b = out["shared"][0], out["unshared"][0]
             same &= bool(np.array_equal(a.tokens, b.tokens) and np.array_equal(a.lengths, b.lengths))
+            same_rewards &= bool(np.array_equal(out["shared"][1].reward, out["unshared"][1].reward))
             rows = a.rows
     finally:
         prompts.close()
     res = {"rounds": rounds, "rows_per_round": rows, "group": rl.group_size, "minibatches": rl.minibatches,
-           "identical_tokens": same}
+           "identical_tokens": same, "identical_rewards": same_rewards,
+           "reward_group_std_mean": round(float(np.mean([x["reward_group_std"] for x in seen["shared"]])), 4)}
     for name in sides:
         step = [sum(x) for x in zip(*(times[name][k] for k in PARTS))]
         res[name] = {"step_s": round(float(np.mean(step)), 4), "step_s_each": [round(t, 3) for t in step],
@@ -217,6 +246,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="model.dtype (compute)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any other config override")
     ap.add_argument("--workdir", default="", help="a new folder to keep the run in (default: a temp folder, removed)")
+    ap.add_argument("--reward", default="tokens", choices=REWARDS,
+                    help="tokens: a reward of the sampled tokens that varies within groups; task: the recipe's")
     ap.add_argument("--share_rounds", type=int, default=3,
                     help="timed steps per side, prompts shared by their group vs not (0 = skip the comparison)")
     C.add_result_args(ap)
@@ -229,12 +260,23 @@ def main(argv=None) -> dict:
         raise SystemExit(f"--workdir={args.workdir!r} holds a run already (the run would resume it); use a new folder")
 
     logging.basicConfig(level=logging.WARNING)
+
+    from guilibra_jax.train.rl import phases as PH
+    task_reward = PH.reward
+    if args.reward == "tokens":
+        PH.reward = token_reward            # the trainer and compare_sharing both call PH.reward
+    try:
+        return _run(args, start=C.run_start())
+    finally:
+        PH.reward = task_reward             # main() may run inside a test process
+
+
+def _run(args, start: dict) -> dict:
     from guilibra_jax.models import param_count
     from guilibra_jax.train import config as run_config
     from guilibra_jax.train import data_source, model_factory
     from guilibra_jax.train.run import train
 
-    start = C.run_start()
     config = build_config(args)
     run_config.validate(config)
     sharing = None
@@ -250,7 +292,7 @@ def main(argv=None) -> dict:
             if not config.model.hf_path and config.model.name == "tiny" else None
         if args.share_rounds:
             sharing = compare_sharing(config, workdir, args.share_rounds)
-    row = {"benchmark": "rl_step", "config": args.config, "size": args.size, "params": params,
+    row = {"benchmark": "rl_step", "config": args.config, "size": args.size, "params": params, "reward": args.reward,
            "method": config.method, "backend": jax.default_backend(), "devices": jax.device_count(),
            "prompts": config.data.batch_size, "group": config.rl.group_size, "rows": config.data.batch_size *
            config.rl.group_size, "max_new_tokens": config.rl.max_new_tokens, "minibatches": config.rl.minibatches,

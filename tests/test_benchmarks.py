@@ -68,8 +68,11 @@ def test_rl_step_benchmark_compares_shared_prompts_and_writes_results(tmp_path):
     assert p["identical_tokens"], p     # the same key gives the same responses, shared or not
     assert p["rounds"] == 1 and len(p["shared"]["step_s_each"]) == len(p["unshared"]["step_s_each"]) == 1
     assert p["rows_per_round"] == res["rows"] and p["shared"]["update_s"] > 0 and p["unshared"]["score_s"] > 0
-    # the same rollouts and losses up to float noise
+    # the same rollouts and losses up to float noise, on rewards that vary within groups
+    assert res["reward"] == "tokens" and p["identical_rewards"] and p["reward_group_std_mean"] > 0, p
     assert p["max_abs_difference"]["reward_mean"] == 0.0 and p["max_abs_difference"]["loss"] < 1e-4, p
+    from guilibra_jax.train.rl import phases as PH
+    assert PH.reward is not rl_step.token_reward      # the task reward is back for later tests
 
 
 def _gpu_check(tmp_path, *flags):

@@ -8,18 +8,10 @@ to compare across process layouts and resumes (tests only):
 reward = (first response token id mod 3) / 2 for a valid row (0, 0.5 or 1; success at 1),
 0 for an invalid one: a function of the sampled tokens, which every layout samples alike.
 """
-import numpy as np
-
+from benchmarks.rl_step import token_reward
 from guilibra_jax.train.rl import phases as PH
-from guilibra_jax.train.rl import rollout as RO
 
-
-def reward(s, ro):
-    r = np.where(ro.valid, (np.asarray(ro.tokens)[:, 0] % 3) / 2.0, 0.0).astype(np.float32)
-    return RO.Scored(r, (r >= 1.0) & np.asarray(ro.valid, bool), {})
-
-
-PH.reward = reward
+PH.reward = token_reward
 
 if __name__ == "__main__":
     from launch import cli
