@@ -33,7 +33,7 @@ STEPS = 200
 ONLINE_LRS = (1e-4, 3e-4, 1e-3)   # 1e-4 moved nothing in 200 steps (KL 0.01; the MOPD study: 1e-3)
 CHECKPOINT_EVERY = 50
 STEP_LIMIT = 15              # steps per online episode, training and evaluation (launch.eval's limit)
-EVAL_EPISODES = 100          # held-out online episodes per platform (the issue: at least 80)
+EVAL_EPISODES = 200          # held-out online episodes per platform (the issue: at least 80)
 CHOOSE_WINDOW = 200          # training episodes that choose the online arm
 CHOSEN = "choice.json"
 # A literal list of names: launch.recipes reads ARGS from the source without importing it.

@@ -32,12 +32,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from guilibra_jax import choices as CH
 from guilibra_jax.errors import ConfigError
 from guilibra_jax.models.checkpoint import kernel_in_dims
 from guilibra_jax.param_paths import param_paths, unmatched_patterns
 
-# The decoder's attention and MLP projections: the usual LoRA targets.
-TEXT_TARGETS = (r"^language_model/layers/(\d+/)?(self_attn/[qkvo]_proj|mlp/(gate|up|down)_proj)/kernel$",)
+TEXT_TARGETS = CH.LORA_TEXT_TARGETS   # the decoder's attention and MLP projections
 
 
 @dataclasses.dataclass(frozen=True)

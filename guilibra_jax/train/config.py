@@ -95,6 +95,15 @@ KEYS: dict[str, Key] = {
     "model.tiny.tie": Key(True, K.boolean(), "tie the LM head to the token embedding"),
     "model.tiny.mrope_section": Key((), K.integers(1, lengths=(0, 3), note="(t, h, w) sizes summing to head_dim / 2"),
                                     "M-RoPE (t, h, w) sections of head_dim / 2; () = the default split"),
+    "model.lora.rank": Key(0, K.integer(0, note="(0 = off: full fine-tuning)"),
+                           "LoRA rank r: train adapters A [in, r], B [r, out] on model.lora.targets, the base frozen "
+                           "(method sft); 0 = full fine-tuning"),
+    "model.lora.alpha": Key(16.0, K.number(0, lo_open=True), "LoRA alpha: the adapters' scale is alpha / rank"),
+    "model.lora.dropout": Key(0.0, K.number(0, 1, hi_open=True),
+                              "LoRA dropout; only 0 (adapters are merged into the weights at the forward)"),
+    "model.lora.targets": Key(CH.LORA_TEXT_TARGETS, K.strings("regexes, re.search-ed over '/'-joined parameter paths"),
+                              "the Linear kernels LoRA adapts; a pattern that matches nothing is an error; default: "
+                              "the decoder's q/k/v/o and gate/up/down projections"),
     # ------------------------------------------------------------------ tokenizer
     "tokenizer.path": Key("", K.folder_or_empty("a tokenizer folder; '' = the model folder's"),
                           "tokenizer folder; '' = the model folder's tokenizer"),
@@ -278,6 +287,9 @@ KEYS: dict[str, Key] = {
     "rl.online.max_steps": Key(0, K.integer(0, note="(0 = the task's own limit)"),
                                "an episode ends (failed) after this many actions; 0 = the task's own limit "
                                "(envs.miniwob.env: 10, click-checkboxes-large 16)"),
+    "rl.online.play": Key("first", K.one_of(*CH.ONLINE_PLAYS),
+                          "what each live episode executes: first (its group's first sample, the release's) | "
+                          "greedy (a greedy answer, one more row per prompt: the states launch.eval's agent reaches)"),
     # ------------------------------------------------------------------ mesh
     "mesh.data": Key(-1, _MESH_AXIS, "data-parallel axis size (-1 = the rest of the devices)"),
     "mesh.fsdp": Key(1, _MESH_AXIS, "parameter-sharding (FSDP) axis size (-1 = the rest of the devices)"),
@@ -346,6 +358,10 @@ SECTIONS: dict[str, str] = {
     "model": "The policy: a Hugging Face folder (`model.hf_path`, also a Hub id: `launch.train` resolves it) or a "
              "random init of `model.name`.",
     "model.tiny": "The random-init model of `model.name = 'tiny'` (no `model.hf_path`): CPU demos and tests.",
+    "model.lora": "LoRA (`model.lora.rank > 0`, method sft): the optimizer and the checkpoints hold only the "
+                  "adapters; the base (`model.hf_path`, or the random init) stays frozen and is read again on resume. "
+                  "The run exports the merged model (`export/`) and the adapter alone in PEFT's format (`adapter/`, "
+                  "for `peft.PeftModel.from_pretrained` and vLLM's LoRA serving).",
     "data": "Records, prompts and batches. `data.batch_size` is the batch over all processes (SFT: samples; RL: "
             "prompts per round) and must divide by the process count.",
     "data.rebalance": "GUI-Libra's RL subset (`data.mixing.rebalance`), applied before `data.mix`.",
@@ -528,7 +544,24 @@ class Known:
     planning: bool = False
 
 
-def _check_model(c, _known: Known) -> None:
+def _check_lora(c, _known: Known) -> None:
+    lo = c.model.lora
+    if not lo.rank:
+        return
+    if c.method not in CH.LORA_METHODS:
+        _fail("model.lora.rank", lo.rank, f"0 with method={c.method!r}: LoRA adapters train with method in "
+              f"{CH.LORA_METHODS} in this version")
+    if lo.dropout:
+        _fail("model.lora.dropout", lo.dropout, "0.0: the adapters are merged into the weights at the forward "
+              "(W + alpha/r * A @ B), which cannot drop the LoRA input per token as PEFT's lora_dropout does")
+    for key in ("optim.freeze", "optim.lr_multipliers"):
+        if len(c.optim[key.split(".")[1]]):
+            _fail(key, c.optim[key.split(".")[1]], "empty with model.lora.rank > 0 (only the adapters train; choose "
+                  "the adapted kernels with model.lora.targets)")
+
+
+def _check_model(c, known: Known) -> None:
+    _check_lora(c, known)
     t = c.model.tiny
     if c.model.hf_path or c.model.name != "tiny":
         return

@@ -19,6 +19,7 @@ from guilibra_jax.train.rl.plan import plan_stage2
 from guilibra_jax.train.rl.setup import setup
 from guilibra_jax.train.sft.plan import plan_sft
 from guilibra_jax.train.sft.step import sft_step_from_config
+from guilibra_jax.train.lora_state import FrozenBase
 from guilibra_jax.train.state import jit_update, optimizer_from_config, sharded_state
 
 
@@ -139,11 +140,14 @@ def _tokenizer(config, workdir: str):
 def _plan_sft(config, mesh, tokenizer, device_memory_gib, hosts):
     mc = model_factory.model_config_of(config, tokenizer)
     graphdef, params, param_sh = model_factory.abstract_model(mc, mesh, **model_factory.model_kwargs(config))
+    frozen = FrozenBase.build(config, params, param_sh, mesh, materialize=False)
+    if frozen is not None:   # LoRA: the adapters train, the base is a frozen argument
+        params, param_sh = frozen.adapters, frozen.adapter_sh
     tx, schedule = optimizer_from_config(config, params, config.train.steps)
     state, state_sh = sharded_state(params, tx, param_sh, mesh, materialize=False)
     step = sft_step_from_config(config, graphdef, tx, schedule)
-    jit_step = jit_update(step, mesh, state_sh)
-    return plan_sft(config, mesh, graphdef, state, state_sh, jit_step, mc, device_memory_gib, hosts)
+    jit_step = jit_update(step, mesh, state_sh, None if frozen is None else frozen.base_sh)
+    return plan_sft(config, mesh, graphdef, state, state_sh, jit_step, mc, device_memory_gib, hosts, frozen)
 
 
 def format_report(report: dict) -> str:

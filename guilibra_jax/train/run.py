@@ -62,6 +62,13 @@ class Trainer(Protocol):
     def log_row(self, metrics) -> dict:
         """The metrics row to write at a log step (host floats)."""
 
+    def model_params(self, state: dict) -> Any:
+        """The model's parameters in ``state`` (evaluation, export): ``state["params"]``, or
+        with LoRA the base and the adapters merged."""
+
+    def export_extras(self, state: dict, is_main: bool) -> None:
+        """What the trainer exports beside the Hugging Face folder (LoRA: the PEFT adapter)."""
+
 
 def open_checkpoints(workdir: str, tc, state, data) -> tuple[C.Checkpointer, int, dict]:
     """(checkpointer, start step, state): the newest checkpoint of ``workdir`` that
@@ -82,11 +89,11 @@ def open_checkpoints(workdir: str, tc, state, data) -> tuple[C.Checkpointer, int
 
 
 def eval_and_checkpoint(step: int, state, last_row: dict, tc, evaluator, writer, ckpt, data_state: Callable,
-                        preempted: bool) -> dict:
+                        preempted: bool, model_params: Callable = lambda st: st["params"]) -> dict:
     """The end of a step: the periodic eval hook (its row merged into ``last_row``) and the
-    periodic / final / preemption checkpoint."""
+    periodic / final / preemption checkpoint. ``model_params``: the trainer's."""
     if evaluator is not None and (step % tc.eval_every == 0 or step == tc.steps):
-        eval_row = evaluator(state["params"], step)
+        eval_row = evaluator(model_params(state), step)
         writer.write(step, eval_row)
         last_row = {**last_row, **eval_row}
     if step % tc.checkpoint_every == 0 or step == tc.steps or preempted:
@@ -94,18 +101,21 @@ def eval_and_checkpoint(step: int, state, last_row: dict, tc, evaluator, writer,
     return last_row
 
 
-def finish_run(step: int, state, tc, ckpt, progress, writer, graphdef, model_config, tokenizer, workdir: str,
+def finish_run(step: int, state, tc, ckpt, progress, writer, trainer, tokenizer, workdir: str,
                is_main: bool = True) -> None:
-    """Wait for checkpoints, export a Hugging Face folder if the run completed, close logs."""
+    """Wait for checkpoints, export a Hugging Face folder (and the trainer's extras) if
+    the run completed, close logs."""
     ckpt.wait()
     progress.close()
     if step >= tc.steps and tc.export:
-        params = MH.host_params(state["params"])   # a collective with several processes
+        params = MH.host_params(trainer.model_params(state))   # a collective with several processes
         if is_main:
             export_dir = tc.export_dir or os.path.join(workdir, "export")
-            model_factory.export(graphdef, params, model_config, tokenizer, export_dir,
+            model_factory.export(trainer.graphdef, params, trainer.model_config, tokenizer, export_dir,
                                  config=run_config.load_run_config(workdir))
             log.info("exported Hugging Face checkpoint to %s", export_dir)
+        del params
+        trainer.export_extras(state, is_main)
     ckpt.close()
     writer.close()
     if is_main and tc.curves:
@@ -175,7 +185,7 @@ def _run(config, workdir: str, make_trainer: Callable) -> dict:
     profiler = StepProfiler(workdir, tc.profile_steps, enabled=is_main)
     evaluator = trainer.make_evaluator() if tc.eval_every > 0 else None
     if evaluator is not None and trainer.eval_at_start and start == 0:   # the starting policy, for comparison
-        writer.write(0, evaluator(state["params"], 0))
+        writer.write(0, evaluator(trainer.model_params(state), 0))
     applied = _Applied(Divergence(tc.max_skipped_updates, ckpt.latest_step))
     last_row: dict = {}
     step = start
@@ -190,13 +200,13 @@ def _run(config, workdir: str, make_trainer: Callable) -> dict:
                 last_row = writer.write(step, {**trainer.log_row(metrics), **run_health.row()})
                 progress.update(step, last_row)
             stop = preempt.should_stop()
-            last_row = eval_and_checkpoint(step, state, last_row, tc, evaluator, writer, ckpt, data.get_state, stop)
+            last_row = eval_and_checkpoint(step, state, last_row, tc, evaluator, writer, ckpt, data.get_state, stop,
+                                           trainer.model_params)
             if stop:
                 break
         applied.flush()
     profiler.close()
-    finish_run(step, state, tc, ckpt, progress, writer, trainer.graphdef, trainer.model_config, tokenizer, workdir,
-               is_main)
+    finish_run(step, state, tc, ckpt, progress, writer, trainer, tokenizer, workdir, is_main)
     log.info("data: %s", data_source.drop_report(data))
     if hasattr(data, "close"):
         data.close()

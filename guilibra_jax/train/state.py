@@ -42,8 +42,10 @@ def sharded_state(params, tx, param_sh, mesh, *, materialize: bool = True) -> tu
     return jax.jit(lambda p: init_state(p, tx), out_shardings=state_sh)(params), state_sh
 
 
-def jit_update(step_fn, mesh, state_sh):
+def jit_update(step_fn, mesh, state_sh, frozen_sh=None):
     """``step_fn(state, batch) -> (state, metrics)`` jitted on ``mesh``: the state keeps its
-    shardings and is donated."""
-    return jax.jit(S.traced_on(mesh, step_fn), in_shardings=(state_sh, None), out_shardings=(state_sh, None),
-                   donate_argnums=0)
+    shardings and is donated. ``frozen_sh``: the step is ``(state, batch, frozen)`` with a
+    frozen tree (LoRA's base weights) in these shardings, read and never donated."""
+    extra = () if frozen_sh is None else (frozen_sh,)
+    return jax.jit(S.traced_on(mesh, step_fn), in_shardings=(state_sh, None, *extra),
+                   out_shardings=(state_sh, None), donate_argnums=0)

@@ -28,16 +28,18 @@ def init_state(params: Any, tx: optax.GradientTransformation) -> dict:
 
 def make_step(micro_terms: MicroTerms, tx: optax.GradientTransformation, sums0: dict,
               schedule: Callable[[Any], Any] | None = None) -> Callable[[dict, dict], tuple[dict, dict, dict]]:
-    """(state, batch) -> (state, metrics, sums). ``sums0``: the zero of ``micro_terms``'s
-    sums dict (its structure). metrics: loss, grad_norm, skipped, update_ok (and lr)."""
+    """(state, batch, *frozen) -> (state, metrics, sums). ``sums0``: the zero of
+    ``micro_terms``'s sums dict (its structure). metrics: loss, grad_norm, skipped,
+    update_ok (and lr). ``frozen``: arrays passed on to ``micro_terms(params, micro,
+    *frozen)`` and not differentiated (LoRA's base weights: a jit argument, not state)."""
     grad_fn = jax.value_and_grad(micro_terms, has_aux=True)
 
-    def step(state: dict, batch: dict):
+    def step(state: dict, batch: dict, *frozen):
         params = state["params"]
 
         def body(carry, micro):
             g_acc, num_acc, den_acc, sums_acc = carry
-            (num, (den, sums)), g = grad_fn(params, micro)
+            (num, (den, sums)), g = grad_fn(params, micro, *frozen)
             return (jax.tree.map(jnp.add, g_acc, g), num_acc + num, den_acc + den,
                     jax.tree.map(jnp.add, sums_acc, sums)), None
 

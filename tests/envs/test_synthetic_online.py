@@ -198,3 +198,40 @@ def test_grpo_on_live_synthetic_episodes_runs_logs_episodes_and_resumes(tokenize
     episodes = [json.loads(l) for l in open(os.path.join(workdir, "online_episodes.jsonl"))]
     assert len(episodes) == last["online/episodes"]          # the log matches the checkpoint's counters
     assert {e["task"] for e in episodes} <= {"desktop", "mobile"}
+
+
+def test_greedy_play_executes_the_policy_greedy_answer_for_each_state(tokenizer_dir, tmp_path):
+    """rl.online.play=greedy: each episode executes the greedy response to its state (the
+    same text as a near-zero-temperature group's first sample), not a sampled one."""
+    import jax
+    from guilibra_jax.train import multihost as MH
+    from guilibra_jax.train.data_source import prepare_tokenizer
+    from guilibra_jax.train.rl import phases as PH
+    from guilibra_jax.train.rl.online import OnlinePrompts
+    from guilibra_jax.train.rl.setup import setup
+
+    class Recorder:
+        """The live prompts, recording what each advance executes."""
+        def __init__(self, src):
+            self.src, self.played = src, []
+
+        def __next__(self):
+            return next(self.src)
+
+        def advance(self, ro, play=None):
+            self.played.append(list(play) if play is not None else [ro.texts[i * ro.group_size]
+                                                                      for i in range(ro.rows // ro.group_size)])
+
+    played = {}
+    for name, play, temperature in (("greedy", "greedy", 1.0), ("cold_first", "first", 1e-4)):
+        c = smoke_config(tokenizer_dir)
+        c.rl.online.play, c.rl.temperature = play, temperature
+        workdir = str(tmp_path / name)
+        tok = prepare_tokenizer(c, workdir)
+        s, state, _ = setup(c, MH.run_mesh(c), tok)
+        rec = Recorder(OnlinePrompts(c, tok, s.model_config, workdir))
+        for step in range(2):
+            PH._rollout_next(s, state["params"], rec, jax.random.key(step))
+        played[name] = rec.played
+    assert played["greedy"] == played["cold_first"]
+    assert len(played["greedy"]) == 2 and all(t for texts in played["greedy"] for t in texts)

@@ -163,13 +163,14 @@ class OnlinePrompts:
         raise RuntimeError(f"{MAX_EMPTY} online batches in a row hold no valid prompt (the expert labels no "
                            f"state, or every prompt is longer than data.max_length = {self.cfg['max_length']})")
 
-    def advance(self, ro) -> None:
+    def advance(self, ro, play: Sequence[str] | None = None) -> None:
         """Step every slot's episode with the first of its G responses in ``ro`` (the rollout
-        of the last batch); restart finished episodes and slots without a prompt."""
+        of the last batch), or with ``play[row]`` (one response per prompt row: the greedy
+        play); restart finished episodes and slots without a prompt."""
         slot_of = {SlotSource(self.results).where(i): i for i in range(len(self.results))}
         responses: list[str | None] = [None] * len(self.results)
         for row, where in enumerate(self._where):
-            responses[slot_of[where]] = ro.texts[row * ro.group_size]
+            responses[slot_of[where]] = ro.texts[row * ro.group_size] if play is None else play[row]
         restart = [i for i, r in enumerate(responses) if r is None]
         self.abandoned += len(restart)
         self._step_rewards = []

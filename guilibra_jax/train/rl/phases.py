@@ -43,21 +43,24 @@ from guilibra_jax.train.rl.setup import (Stage2, reuse_sampler_log_probs, shares
                                          uses_full_kl)
 
 
-def rollout(s: Stage2, params, batch: dict, key) -> RO.Rollout:
+def rollout(s: Stage2, params, batch: dict, key, *, group_size: int | None = None,
+            sampling: G.SamplingConfig | None = None) -> RO.Rollout:
     """G responses to each prompt of this process's batch (``collate_rl``), sampled with the
-    policy ``params``; the rollout holds tokens, lengths, the sampler's log-probs and texts."""
-    ro = RO.expand_groups(batch, s.rl.group_size)
+    policy ``params``; the rollout holds tokens, lengths, the sampler's log-probs and texts.
+    ``group_size`` / ``sampling``: other than the run's (the greedy play of live episodes)."""
+    group_size = s.rl.group_size if group_size is None else group_size
+    ro = RO.expand_groups(batch, group_size)
     ro = RO.pad_prompts(ro, MH.agree_max(ro.prompt_ids.shape[1]))
     outs = []
     for c, rows in enumerate(row_chunks(ro.rows, local_chunk(s, s.rl.generation_rows))):
         # each prompt's prefill once, shared by its copies (rows of a group are copies of one prompt)
-        copies = RO.prompt_copies(len(rows), s.rl.group_size, s.row_multiple) if s.rl.share_prefill else 1
+        copies = RO.prompt_copies(len(rows), group_size, s.row_multiple) if s.rl.share_prefill else 1
         part = ro if len(rows) == ro.rows and copies == 1 else RO.take_rows(ro, rows[::copies])
         inputs = device_inputs(s, RO.prompt_inputs(part, s.model_config, s.patch_bucket))
         with S.mesh_context(s.mesh):
             out = G.generate(s.graphdef, params, inputs["prompt_ids"], inputs["prompt_mask"], inputs["positions"],
                              inputs["rope_deltas"], inputs["pixel_values"], inputs["vision"],
-                             key if c == 0 else jax.random.fold_in(key, c), s.sampling, copies=copies)
+                             key if c == 0 else jax.random.fold_in(key, c), sampling or s.sampling, copies=copies)
         outs.append([MH.local_rows(x, s.mesh) for x in (out.tokens, out.lengths, out.logprobs)])
     ro.tokens, ro.lengths, ro.sample_logp = (np.concatenate(x) for x in zip(*outs))
     ro.texts = [G.decode_response(s.tokenizer, ro.tokens[i, :ro.lengths[i]], s.stop) for i in range(ro.rows)]
@@ -132,10 +135,16 @@ def collect(s: Stage2, params, prompts, step: int, base_key) -> Collected:
 
 def _rollout_next(s: Stage2, params, prompts, key) -> RO.Rollout:
     """The rollout of the next prompts; a live prompt source (rl.world, rl/online.py) then
-    advances its episodes with it (``prompts.advance``)."""
-    ro = rollout(s, params, next(prompts), key)
+    advances its episodes with it (``prompts.advance``): each with the first response of
+    its group, or (``rl.online.play = "greedy"``) a greedy response decoded for its state."""
+    batch = next(prompts)
+    ro = rollout(s, params, batch, key)
     if hasattr(prompts, "advance"):
-        prompts.advance(ro)
+        greedy = None
+        if s.rl.online.play == "greedy":
+            greedy = rollout(s, params, batch, key, group_size=1,
+                             sampling=dataclasses.replace(s.sampling, temperature=0.0)).texts
+        prompts.advance(ro, greedy)
     return ro
 
 
@@ -261,9 +270,13 @@ def rollout_metrics(c: Collected, adv: dict, method: str, max_new_tokens: int, f
         return row
     r = RO.group_view(g["reward"], ro.group_size)
     gv = RO.group_view(v, ro.group_size)[:, 0]
+    passed = RO.group_view(g["success"].astype(bool), ro.group_size)
     row.update({"reward_mean": float(g["reward"][v].mean()), "success_rate": float(g["success"][v].mean()),
                 "reward_group_std": float(r[gv].std(1).mean()),
                 "equal_reward_groups": float((np.ptp(r[gv], axis=1) == 0).mean()),   # no GRPO signal
+                # of which: every response passes / none passes (the policy cannot find the answer)
+                "solved_groups": float(passed[gv].all(1).mean()),
+                "failed_groups": float((~passed[gv].any(1)).mean()),
                 "response_length": float(g["lengths"][v].mean()),
                 "truncated_fraction": float((g["lengths"][v] >= max_new_tokens).mean()),
                 "advantage_abs_mean": float(np.abs(g["adv"][v]).mean())})

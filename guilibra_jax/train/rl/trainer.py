@@ -15,6 +15,7 @@ from guilibra_jax.train import multihost as MH
 from guilibra_jax.train.config import check_teachers
 from guilibra_jax.train.rl import advantages as ADV
 from guilibra_jax.train.rl import phases as PH
+from guilibra_jax.errors import ConfigError
 from guilibra_jax.train.rl.online import OnlinePrompts
 from guilibra_jax.train.rl.plan import plan_stage2
 from guilibra_jax.train.rl.setup import setup
@@ -61,6 +62,9 @@ class RLTrainer:
     @classmethod
     def build(cls, config, workdir: str, mesh, tokenizer):
         """(trainer, initial train state, its shardings)."""
+        if config.model.lora.rank:      # also checked by launch.train's validate; a direct train() call lands here
+            raise ConfigError(f"config key model.lora.rank: {config.model.lora.rank} with method={config.method!r}; "
+                              f"LoRA adapters train with method 'sft' in this version (0 = full fine-tuning)")
         s, state, state_sh = setup(config, mesh, tokenizer)
         return cls(s, workdir, state_sh), state, state_sh
 
@@ -107,3 +111,9 @@ class RLTrainer:
 
     def log_row(self, metrics) -> dict:
         return metrics
+
+    def model_params(self, state: dict):
+        return state["params"]
+
+    def export_extras(self, state: dict, is_main: bool) -> None:
+        return None

@@ -8,9 +8,10 @@ from guilibra_jax.train import plan as P
 
 
 def plan_sft(config, mesh, graphdef, state, state_sh, step_jit, model_config, device_memory_gib: float = 80.0,
-             processes: int = 1) -> dict:
+             processes: int = 1, frozen=None) -> dict:
     """The ASFT step at the recipe's shapes: ``state`` abstract or concrete with
-    ``state_sh``; ``step_jit`` the jitted (state, batch) -> (state, metrics)."""
+    ``state_sh``; ``step_jit`` the jitted (state, batch[, base]) -> (state, metrics);
+    ``frozen``: LoRA's :class:`lora_state.FrozenBase` (the state's params are adapters)."""
     d, tc = config.data, config.train
     rows, T, M = d.batch_size, P.prompt_length(config), tc.grad_accum
     pv, vision = P.image_inputs(config, model_config, rows, processes)
@@ -20,12 +21,16 @@ def plan_sft(config, mesh, graphdef, state, state_sh, step_jit, model_config, de
             "vision": {k: P.repeat(v, M) for k, v in vision.items()}}
     abs_state = P.abstract(state, state_sh)
     batch = P.batch_struct(mesh, host, micro_axis=True)
-    compiled = P.compile_program(step_jit.lower(abs_state, batch), (abs_state, batch))
+    extra = () if frozen is None else (P.abstract(frozen.base, frozen.base_sh),)
+    compiled = P.compile_program(step_jit.lower(abs_state, batch, *extra), (abs_state, batch, *extra))
     st = P.compiled_stats(compiled)
     params_b = P.per_device_bytes(abs_state["params"])
     opt_b = P.per_device_bytes(abs_state["opt_state"])
-    st["resident_args"] = P.per_device_bytes(abs_state)
-    resident = {"policy_params": params_b, "optimizer_state": opt_b}
+    st["resident_args"] = P.per_device_bytes((abs_state, *extra))
+    if frozen is None:
+        resident = {"policy_params": params_b, "optimizer_state": opt_b}
+    else:
+        resident = {"frozen_base": P.per_device_bytes(extra[0]), "lora_adapters": params_b, "optimizer_state": opt_b}
     grads = params_b
     step = {**st, "gradients_estimate": grads}
     return P.build_report(mesh, resident, {"asft_step": step}, device_memory_gib,

@@ -15,6 +15,8 @@ import optax
 from flax import nnx
 
 from guilibra_jax import head_loss, losses
+from guilibra_jax import lora as L
+from guilibra_jax.train.lora_state import lora_spec
 from guilibra_jax.train.step_core import make_step
 
 PARTS = {"reasoning": 1, "action": 2, "grounding": 3}
@@ -25,9 +27,11 @@ def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, a
                   alpha_grounding: float = 4.0, normalize: str = "sample",
                   schedule: Callable[[Any], Any] | None = None,
                   logits_chunk: int = 128,
-                  weighting: str = "paper") -> Callable[[dict, dict], tuple[dict, dict]]:
+                  weighting: str = "paper", lora: L.LoraSpec | None = None) -> Callable[..., tuple[dict, dict]]:
     """Build the (unjitted) ASFT step for ``graphdef``; jit it with shardings.
-    ``weighting``: "paper" or "release" (``losses.segment_weights``).
+    ``weighting``: "paper" or "release" (``losses.segment_weights``). ``lora``: the
+    state's params are LoRA adapters, and the step is ``(state, batch, base)`` with the
+    frozen base weights; the model runs on ``lora.merge(base, adapters)``.
 
     The LM head and the cross-entropy run only at the loss positions (loss_segments > 0),
     ``logits_chunk`` positions per row at a time (guilibra_jax.head_loss): no [B, T, V]
@@ -52,10 +56,13 @@ def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, a
         return num, (den, parts)
 
     parts0 = {f"{k}_{n}": jnp.zeros((), jnp.float32) for n in PARTS for k in ("nll_sum", "tokens")}
+    if lora is not None:
+        full_terms = micro_terms
+        micro_terms = lambda adapters, micro, base: full_terms(L.merge(base, adapters, lora), micro)
     core = make_step(micro_terms, tx, parts0, schedule)
 
-    def step(state: dict, batch: dict) -> tuple[dict, dict]:
-        new_state, metrics, parts = core(state, batch)
+    def step(state: dict, batch: dict, *frozen) -> tuple[dict, dict]:
+        new_state, metrics, parts = core(state, batch, *frozen)
         metrics["loss_tokens"] = sum(parts[f"tokens_{n}"] for n in PARTS)
         for n in PARTS:
             metrics[f"loss_{n}"] = parts[f"nll_sum_{n}"] / jnp.maximum(parts[f"tokens_{n}"], 1.0)
@@ -65,11 +72,11 @@ def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, a
 
 
 def sft_step_from_config(config, graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
-                         schedule: Callable[[Any], Any] | None = None) -> Callable[[dict, dict], tuple[dict, dict]]:
-    """`make_sft_step` with the run config's loss keys (loss.*): the one builder of the
-    trainer (train.sft.trainer) and the memory planner (train.sft.plan), so a plan compiles the step
-    the trainer runs."""
+                         schedule: Callable[[Any], Any] | None = None) -> Callable[..., tuple[dict, dict]]:
+    """`make_sft_step` with the run config's loss keys (loss.*) and LoRA (model.lora.*):
+    the one builder of the trainer (train.sft.trainer) and the memory planner
+    (train.sft.plan), so a plan compiles the step the trainer runs."""
     lc = config.loss
     return make_sft_step(graphdef, tx, alpha_action=lc.alpha_action, alpha_grounding=lc.alpha_grounding,
                          normalize=lc.normalize, schedule=schedule, logits_chunk=lc.logits_chunk,
-                         weighting=lc.weighting)
+                         weighting=lc.weighting, lora=lora_spec(config))
