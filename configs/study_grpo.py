@@ -17,7 +17,7 @@
     eval_<model>     held-out offline step accuracy and online success on ``EVAL_EPISODES``
                      held-out task seeds per platform (launch.eval)
 
-Earlier setup (commit 4129e2d, docs/study/grpo/earlier_setup.md): 200 steps at a constant lr
+Earlier setup (commit 4129e2d, docs/study/grpo/earlier_setup/): 200 steps at a constant lr
 of 1e-4 / 3e-4 / 1e-3 without warm-up, and GRPO on the dataset's step prompts; none raised
 online success, 1e-3 collapsed after its first Adam step (and, with a 100-step warm-up, once
 the rate passed ~5e-4: KL 0.33, reward 0.41 -> 0.25 by step 110, stopped there).

@@ -96,8 +96,8 @@ KEYS: dict[str, Key] = {
     "model.tiny.mrope_section": Key((), K.integers(1, lengths=(0, 3), note="(t, h, w) sizes summing to head_dim / 2"),
                                     "M-RoPE (t, h, w) sections of head_dim / 2; () = the default split"),
     "model.lora.rank": Key(0, K.integer(0, note="(0 = off: full fine-tuning)"),
-                           "LoRA rank r: train adapters A [in, r], B [r, out] on model.lora.targets, the base frozen "
-                           "(method sft); 0 = full fine-tuning"),
+                           "LoRA rank r: train adapters A [in, r], B [r, out] on model.lora.targets, the base frozen; "
+                           "0 = full fine-tuning"),
     "model.lora.alpha": Key(16.0, K.number(0, lo_open=True), "LoRA alpha: the adapters' scale is alpha / rank"),
     "model.lora.dropout": Key(0.0, K.number(0, 1, hi_open=True),
                               "LoRA dropout; only 0 (adapters are merged into the weights at the forward)"),
@@ -358,8 +358,10 @@ SECTIONS: dict[str, str] = {
     "model": "The policy: a Hugging Face folder (`model.hf_path`, also a Hub id: `launch.train` resolves it) or a "
              "random init of `model.name`.",
     "model.tiny": "The random-init model of `model.name = 'tiny'` (no `model.hf_path`): CPU demos and tests.",
-    "model.lora": "LoRA (`model.lora.rank > 0`, method sft): the optimizer and the checkpoints hold only the "
-                  "adapters; the base (`model.hf_path`, or the random init) stays frozen and is read again on resume. "
+    "model.lora": "LoRA (`model.lora.rank > 0`; sft, grpo and mopd): the optimizer and the checkpoints hold only "
+                  "the adapters; the base (`model.hf_path`, or the random init) stays frozen and is read again on "
+                  "resume. GRPO's reference is then the base itself (no second copy) unless `rl.reference` names "
+                  "another model. "
                   "The run exports the merged model (`export/`) and the adapter alone in PEFT's format (`adapter/`, "
                   "for `peft.PeftModel.from_pretrained` and vLLM's LoRA serving).",
     "data": "Records, prompts and batches. `data.batch_size` is the batch over all processes (SFT: samples; RL: "

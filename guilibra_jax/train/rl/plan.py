@@ -30,10 +30,15 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     micro_rows = upd_rows // rl.minibatches // tc.grad_accum
     M = tc.grad_accum
     abs_state = P.abstract(state, state_sh)
-    resident = {"policy_params": P.per_device_bytes(abs_state["params"]),
+    # the policy's model parameters: the state's, or with LoRA the base's shapes (merged with the adapters)
+    policy = abs_state["params"] if s.lora is None else P.abstract(s.lora.base, s.lora.base_sh)
+    trained = "policy_params" if s.lora is None else "lora_adapters"
+    resident = {trained: P.per_device_bytes(abs_state["params"]),
                 "optimizer_state": P.per_device_bytes(abs_state["opt_state"])}
     for name, f in s.frozen.items():
         resident[f"frozen_{name}"] = P.per_device_bytes(f.params)
+    if s.lora is not None and not any(f.params is s.lora.base for f in s.frozen.values()):
+        resident["frozen_base"] = P.per_device_bytes(policy)    # (GRPO's default reference is the base itself)
     programs: dict[str, dict[str, int]] = {}
 
     # update step (the shared-prompt layout with the copies per prompt the trainer's micro-batches allow)
@@ -46,7 +51,7 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     batch = P.batch_struct(mesh, host, micro_axis=True)
     st = P.compiled_stats(P.compile_program(s.update_fn.lower(abs_state, batch), (abs_state, batch)))
     st["resident_args"] = P.per_device_bytes(abs_state)
-    st["gradients_estimate"] = resident["policy_params"]
+    st["gradients_estimate"] = resident[trained]
     programs["update"] = st
 
     # sampler: prefill of the call's distinct prompts (shared by their copies) + decode loop
@@ -63,12 +68,12 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     b = P.batch_struct(mesh, prompt, micro_axis=False)
     key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=S.replicated(mesh))
     with S.mesh_context(mesh):
-        lowered = G.lower_generate(s.graphdef, abs_state["params"], b["prompt_ids"], b["prompt_mask"],
+        lowered = G.lower_generate(s.graphdef, policy, b["prompt_ids"], b["prompt_mask"],
                                    b["positions"], b["rope_deltas"], b["pixel_values"], b["vision"], key, s.sampling,
                                    copies)
-    compiled = P.compile_program(lowered, (abs_state["params"], b))
+    compiled = P.compile_program(lowered, (policy, b))
     st = P.compiled_stats(compiled)
-    st["resident_args"] = resident["policy_params"]
+    st["resident_args"] = P.per_device_bytes(policy)
     st["kv_cache_estimate"] = kv_cache_bytes(mc, gen_rows, Tp + N - 1, config.model.dtype, mesh)
     programs["sampler"] = st
 
@@ -77,7 +82,7 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     seq = {k: jax.tree.map(lambda x: x[0], v) for k, v in _update_host(config, mc, score_rows, score_copies if shared else 0, Tp, N, 1,
                                             processes).items() if k in SCORE_KEYS}
     b = P.batch_struct(mesh, seq, micro_axis=False)
-    scored = [] if reuse_sampler_log_probs(rl) else [("policy", s.graphdef, abs_state["params"])]
+    scored = [] if reuse_sampler_log_probs(rl) else [("policy", s.graphdef, policy)]
     done = []   # (graphdef, params' shapes and shardings, stats): teachers of one architecture compile once
     for name, gd, params in scored + [(n, f.graphdef, P.abstract(f.params)) for n, f in s.frozen.items()]:
         sig = [(x.shape, x.dtype, x.sharding) for x in jax.tree.leaves(params)]

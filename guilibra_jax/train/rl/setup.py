@@ -15,6 +15,7 @@ from guilibra_jax import generate as G
 from guilibra_jax import sharding as S
 from guilibra_jax.errors import ConfigError
 from guilibra_jax.train import data_source, model_factory
+from guilibra_jax.train.lora_state import FrozenBase
 from guilibra_jax.train.rl import frozen as FZ
 from guilibra_jax.train.rl import rollout as RO
 from guilibra_jax.train.rl.step import make_rl_step
@@ -38,6 +39,12 @@ class Stage2:
     banned: tuple
     row_multiple: int       # rows per process of any global batch: a multiple of this
     think_opened: bool = False   # prompts open <think> (data.open_think): responses may lack it
+    lora: Any = None        # LoRA (model.lora.rank > 0): lora_state.FrozenBase; the state's params are adapters
+
+    def policy(self, params):
+        """The policy's model parameters from the state's ``params``: themselves, or with
+        LoRA the frozen base + alpha/r A @ B (what sampling and scoring run on)."""
+        return params if self.lora is None else self.lora.merged(params)
 
     @property
     def rl(self):
@@ -93,7 +100,7 @@ def check_full_kl_teachers(model_config, frozen: dict) -> None:
                               f"vocabulary and inputs; use 'k3' or 'logratio_advantage'")
 
 
-def rl_step(config, graphdef, model_config, tx, banned: tuple, frozen: dict, schedule=None):
+def rl_step(config, graphdef, model_config, tx, banned: tuple, frozen: dict, schedule=None, lora=None):
     """(the unjitted update of ``config``, the teachers' parameters its batches must carry:
     () unless full_kl, see :func:`with_teachers`)."""
     teachers = []
@@ -103,27 +110,33 @@ def rl_step(config, graphdef, model_config, tx, banned: tuple, frozen: dict, sch
     rl = config.rl
     step_fn = make_rl_step(graphdef, tx, loss=config.method, loss_kwargs=loss_kwargs(config),
                            temperature=rl.temperature, chunk_size=rl.score_chunk or None, banned_token_ids=banned,
-                           schedule=schedule, teacher_graphdefs=tuple(f.graphdef for f in teachers))
+                           schedule=schedule, teacher_graphdefs=tuple(f.graphdef for f in teachers), lora=lora)
     return step_fn, tuple(f.params for f in teachers)
 
 
 class WithTeachers:
-    """A jitted update whose every batch gets the frozen teachers' parameters (full_kl):
-    called and lowered (``launch.plan``) like the jitted function itself."""
+    """A jitted update whose every batch gets the frozen teachers' parameters (full_kl)
+    and / or LoRA's frozen base weights: called and lowered (``launch.plan``) like the
+    jitted function itself."""
 
-    def __init__(self, fn, teacher_params: tuple):
-        self.fn, self.teacher_params = fn, teacher_params
+    def __init__(self, fn, teacher_params: tuple, lora_base=None):
+        self.fn, self.extra = fn, {}
+        if teacher_params:
+            self.extra["teacher_params"] = teacher_params
+        if lora_base is not None:
+            self.extra["lora_base"] = lora_base
 
     def __call__(self, state, batch):
-        return self.fn(state, dict(batch, teacher_params=self.teacher_params))
+        return self.fn(state, dict(batch, **self.extra))
 
     def lower(self, state, batch):
-        return self.fn.lower(state, dict(batch, teacher_params=self.teacher_params))
+        return self.fn.lower(state, dict(batch, **self.extra))
 
 
-def with_teachers(update_fn, teacher_params: tuple):
-    """``update_fn`` itself, or wrapped in :class:`WithTeachers` when it needs teachers."""
-    return WithTeachers(update_fn, teacher_params) if teacher_params else update_fn
+def with_teachers(update_fn, teacher_params: tuple, lora_base=None):
+    """``update_fn`` itself, or wrapped in :class:`WithTeachers` when it needs teachers or
+    LoRA's base."""
+    return WithTeachers(update_fn, teacher_params, lora_base) if teacher_params or lora_base is not None else update_fn
 
 
 def setup(config, mesh, tokenizer, *, materialize: bool = True) -> tuple[Stage2, dict, dict]:
@@ -141,11 +154,17 @@ def setup(config, mesh, tokenizer, *, materialize: bool = True) -> tuple[Stage2,
         model_config = model_factory.model_config_of(config, tokenizer)
         graphdef, params, param_sh = model_factory.abstract_model(model_config, mesh,
                                                                   **model_factory.model_kwargs(config))
+    lora = FrozenBase.build(config, params, param_sh, mesh, materialize=materialize)
+    base = params
+    if lora is not None:     # LoRA: the adapters train; the base is frozen (and GRPO's default reference)
+        base, params, param_sh = lora.base, lora.adapters, lora.adapter_sh
     tx, schedule = optimizer_from_config(config, params, tc.steps * rl.ppo_epochs * rl.minibatches)
     frozen: dict[str, FZ.Frozen] = {}
     if config.method == "grpo":
-        if rl.reference or not materialize:
+        if rl.reference or (not materialize and lora is None):
             frozen["reference"] = FZ.load("reference", rl.reference, config, mesh, tokenizer, materialize=materialize)
+        elif lora is not None:   # the base without the adapter: no second copy of the weights
+            frozen["reference"] = FZ.Frozen("reference", graphdef, base, model_config)
         else:  # the starting policy
             frozen["reference"] = FZ.from_params("reference", graphdef, params, model_config,
                                                  model_factory.dtype_of(config.model.dtype, "model.dtype"), param_sh)
@@ -155,8 +174,10 @@ def setup(config, mesh, tokenizer, *, materialize: bool = True) -> tuple[Stage2,
     state, state_sh = sharded_state(params, tx, param_sh, mesh, materialize=materialize)
     del params
     banned = RO.vision_token_ids(model_config)
-    step_fn, teacher_params = rl_step(config, graphdef, model_config, tx, banned, frozen, schedule)
-    update_fn = with_teachers(jit_update(step_fn, mesh, state_sh), teacher_params)
+    step_fn, teacher_params = rl_step(config, graphdef, model_config, tx, banned, frozen, schedule,
+                                      None if lora is None else lora.spec)
+    update_fn = with_teachers(jit_update(step_fn, mesh, state_sh), teacher_params,
+                              None if lora is None else lora.base)
     pad_id, stop = special_ids(tokenizer, model_config)
     sampling = G.SamplingConfig(temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k,
                                 max_new_tokens=rl.max_new_tokens, stop_token_ids=stop, pad_token_id=pad_id,
@@ -164,7 +185,7 @@ def setup(config, mesh, tokenizer, *, materialize: bool = True) -> tuple[Stage2,
     dp = int(np.prod([mesh.shape[a] for a in S.BATCH_AXES]))
     s2 = Stage2(config, mesh, graphdef, model_config, tokenizer, sampling, frozen, update_fn, pad_id, stop, banned,
                 row_multiple=max(1, dp // jax.process_count()),
-                think_opened=_think_opened(config, tokenizer))
+                think_opened=_think_opened(config, tokenizer), lora=lora)
     return s2, state, state_sh
 
 

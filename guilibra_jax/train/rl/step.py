@@ -34,6 +34,7 @@ import optax
 from flax import nnx
 
 from guilibra_jax import generate as G
+from guilibra_jax import lora as L
 from guilibra_jax import losses
 from guilibra_jax.train.step_core import make_step
 
@@ -86,7 +87,8 @@ def full_kl_terms(student, h, teachers, teacher_h, teacher_index, targets, valid
 def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, loss: str = "grpo",
                  loss_kwargs: dict | None = None, temperature: float = 1.0, chunk_size: int | None = None,
                  banned_token_ids: tuple[int, ...] = (), schedule: Callable[[Any], Any] | None = None,
-                 teacher_graphdefs: tuple = ()) -> Callable[[dict, dict], tuple[dict, dict]]:
+                 teacher_graphdefs: tuple = (), lora: L.LoraSpec | None = None
+                 ) -> Callable[[dict, dict], tuple[dict, dict]]:
     """Build the (unjitted) policy-update step. ``loss``: "grpo" (kwargs of
     :func:`losses.grpo_loss_terms`: clip_low, clip_high, kl_beta, kl_kind, kl_clamp,
     aggregation, dual_clip) or "mopd" (of :func:`losses.mopd_loss_terms`: beta, clip_low,
@@ -106,7 +108,10 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, lo
     2.3x the update's FLOPs (1 + 2·32/(6·8)), each further teacher +1.3x. Memory: the
     teachers' activations of one micro-batch's forward (no gradient, so transient) and
     [B, chunk, V] logits per model. The scoring phase's teacher log-probs are then unused
-    by the loss."""
+    by the loss.
+
+    ``lora``: the state's params are LoRA adapters and every batch carries ``lora_base``
+    (the frozen base weights, no micro-batch axis); the policy is ``lora.merge(base, adapters)``."""
     if loss not in LOSSES:
         raise ValueError(f"unknown RL loss {loss!r}; expected one of {LOSSES}")
     kw = dict(loss_kwargs or {})
@@ -155,10 +160,17 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, lo
     def step(state: dict, batch: dict) -> tuple[dict, dict]:
         batch = dict(batch)
         teacher_params = batch.pop("teacher_params", ())
+        base = batch.pop("lora_base", None)
         if full_kl and len(teacher_params) != len(teacher_graphdefs):
             raise ValueError(f"make_rl_step: estimator='full_kl' with {len(teacher_graphdefs)} teachers needs the "
                              f"batch's teacher_params (setup.with_teachers); got {len(teacher_params)}")
-        core = make_step(lambda p, m: micro_terms(p, m, teacher_params), tx, sums0, schedule)
+        if (lora is None) != (base is None):
+            raise ValueError("make_rl_step: LoRA needs the batch's lora_base (setup.with_teachers), and only LoRA")
+        if lora is None:
+            terms = lambda p, m: micro_terms(p, m, teacher_params)
+        else:    # the state's params are the adapters; the model runs on base + alpha/r A @ B
+            terms = lambda a, m: micro_terms(L.merge(base, a, lora), m, teacher_params)
+        core = make_step(terms, tx, sums0, schedule)
         new_state, metrics, s = core(state, batch)
         n = jnp.maximum(s["tokens"], 1.0)
         metrics.update({"clip_fraction": s["clipped"] / n, "kl": s["kl"] / jnp.maximum(s["kl_tokens"], 1.0),

@@ -13,9 +13,9 @@ from guilibra_jax.data.pipeline import make_rl_loader
 from guilibra_jax.train import data_source
 from guilibra_jax.train import multihost as MH
 from guilibra_jax.train.config import check_teachers
+from guilibra_jax.train.lora_state import export_adapter
 from guilibra_jax.train.rl import advantages as ADV
 from guilibra_jax.train.rl import phases as PH
-from guilibra_jax.errors import ConfigError
 from guilibra_jax.train.rl.online import OnlinePrompts
 from guilibra_jax.train.rl.plan import plan_stage2
 from guilibra_jax.train.rl.setup import setup
@@ -62,9 +62,6 @@ class RLTrainer:
     @classmethod
     def build(cls, config, workdir: str, mesh, tokenizer):
         """(trainer, initial train state, its shardings)."""
-        if config.model.lora.rank:      # also checked by launch.train's validate; a direct train() call lands here
-            raise ConfigError(f"config key model.lora.rank: {config.model.lora.rank} with method={config.method!r}; "
-                              f"LoRA adapters train with method 'sft' in this version (0 = full fine-tuning)")
         s, state, state_sh = setup(config, mesh, tokenizer)
         return cls(s, workdir, state_sh), state, state_sh
 
@@ -93,11 +90,13 @@ class RLTrainer:
     def step(self, state: dict, step: int):
         s, rl, prompts = self.s, self.config.rl, self.prompts
         t0 = time.time()
-        c = PH.collect(s, state["params"], prompts, step, self.base_key)
+        policy = s.policy(state["params"])          # with LoRA: base + adapters, merged once per step
+        c = PH.collect(s, policy, prompts, step, self.base_key)
         adv = ADV.compute(c.scored.reward, c.scored.success & c.ro.valid, rl.group_size, self.config.method, rl)
         adv["advantages"] = np.where(c.ro.valid, adv["advantages"], 0.0).astype(np.float32)
         t1 = time.time()
-        scores = PH.score(s, state["params"], c.ro)
+        scores = PH.score(s, policy, c.ro)
+        del policy
         t2 = time.time()
         state, metrics, applied = PH.update(s, state, c.ro, adv, scores)
         t3 = time.time()
@@ -113,7 +112,12 @@ class RLTrainer:
         return metrics
 
     def model_params(self, state: dict):
-        return state["params"]
+        return self.s.policy(state["params"])
 
     def export_extras(self, state: dict, is_main: bool) -> None:
-        return None
+        """LoRA: the adapters alone as a PEFT folder ``<workdir>/adapter`` of the base."""
+        if self.s.lora is None:
+            return
+        adapters = MH.host_params(state["params"])      # a collective with several processes
+        if is_main:
+            export_adapter(self.s.lora, adapters, self.s.model_config, self.config.model.hf_path, self.workdir)

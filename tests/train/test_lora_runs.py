@@ -1,4 +1,4 @@
-"""LoRA through the real ASFT run (``model.lora.rank > 0``, ``launch.train``'s harness):
+"""LoRA through the real runs (``model.lora.rank > 0``, ``launch.train``'s harness), ASFT and GRPO:
 
 - checkpoints hold only the adapters and their optimizer state, never the base;
 - the base stays frozen: the merged export equals base + alpha/r * A @ B of the exported
@@ -6,6 +6,8 @@
 - PEFT (``peft.PeftModel.from_pretrained``) puts the exported adapter on the transformers
   base model and its logits equal transformers' on the merged export;
 - a run resumed from its step-2 checkpoint ends bitwise equal to the uninterrupted run;
+- GRPO with LoRA: the same checkpoint and export layout, the reference is the base (the
+  first update's KL is 0), and the merged export is the base plus the exported adapter;
 - configuration errors name the key.
 """
 import os
@@ -21,9 +23,9 @@ from guilibra_jax.errors import ConfigError
 RANK, ALPHA = 4, 8.0
 
 
-def _config():
-    from configs import demo
-    c = demo.get_config("smoke")
+def _config(recipe="demo"):
+    import importlib
+    c = importlib.import_module(f"configs.{recipe}").get_config("smoke")
     c.model.lora.rank = RANK
     c.model.lora.alpha = ALPHA
     c.optim.lr = 1e-2                 # adapters start with B = 0: move them visibly in 4 steps
@@ -65,10 +67,25 @@ def _base(workdir, tmp_path):
     return params, folder
 
 
-def test_checkpoints_hold_only_the_adapters(run_dir):
+@pytest.fixture(scope="module")
+def grpo_dir(tmp_path_factory):
+    from guilibra_jax.train.run import train
+    workdir = str(tmp_path_factory.mktemp("lora_grpo") / "run")
+    train(_config("grpo_demo"), workdir)
+    return workdir
+
+
+@pytest.fixture(params=["sft", "grpo"])
+def any_run(request, run_dir, grpo_dir):
+    return {"sft": run_dir, "grpo": grpo_dir}[request.param]
+
+
+def test_checkpoints_hold_only_the_adapters(any_run):
     from guilibra_jax.train.checkpoint import Checkpointer
+    run_dir = any_run
     ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"))
-    tree = ckpt._manager.item_metadata(4)["state"]
+    step = max(int(d) for d in os.listdir(os.path.join(run_dir, "checkpoints")) if d.isdigit())
+    tree = ckpt._manager.item_metadata(step)["state"]
     paths = set(_flat(dict(tree["params"])))
     ckpt.close()
     assert paths and all(p.endswith(("/lora_a", "/lora_b")) for p in paths), sorted(paths)[:4]
@@ -76,9 +93,10 @@ def test_checkpoints_hold_only_the_adapters(run_dir):
     assert not any("embed_tokens" in p or "visual" in p for p in paths)
 
 
-def test_merged_export_is_the_frozen_base_plus_the_exported_adapter(run_dir, tmp_path):
+def test_merged_export_is_the_frozen_base_plus_the_exported_adapter(any_run, tmp_path):
     from guilibra_jax import lora as L
     from guilibra_jax.lora_export import load_peft_adapter
+    run_dir = any_run
     exported, mc = _params(os.path.join(run_dir, "export"))
     base, _ = _base(run_dir, tmp_path)
     adapters, spec = load_peft_adapter(os.path.join(run_dir, "adapter"), base, mc)
@@ -135,7 +153,6 @@ def test_a_run_resumed_from_its_step_2_checkpoint_ends_bitwise_equal(run_dir, tm
     ("model.lora.targets", ("^no/such/path$",), "model.lora.targets"),
     ("model.lora.rank", 100000, "model.lora.rank"),
     ("model.lora.dropout", 0.1, "model.lora.dropout"),
-    ("method", "grpo", "model.lora.rank"),
     ("optim.freeze", ("embed",), "optim.freeze"),
 ])
 @pytest.mark.parametrize("validated", [True, False], ids=["launch", "train"])
@@ -154,3 +171,16 @@ def test_bad_lora_settings_are_one_line_errors_naming_the_key(tmp_path, key, val
             run_config.validate(c)
         train(c, str(tmp_path / "bad"))
     assert "\n" not in str(e.value)
+
+
+def test_grpo_with_lora_scores_its_reference_on_the_base_itself(tmp_path):
+    """The default reference is the frozen base, not a second copy of the weights; with
+    rl.reference set, a separate model (selectable)."""
+    from guilibra_jax.train import data_source
+    from guilibra_jax.train import multihost as MH
+    from guilibra_jax.train.rl.setup import setup
+    c = _config("grpo_demo")
+    tok = data_source.prepare_tokenizer(c, str(tmp_path))
+    s, state, _ = setup(c, MH.run_mesh(c), tok)
+    assert s.frozen["reference"].params is s.lora.base
+    assert all(p.endswith(("/lora_a", "/lora_b")) for p in _flat(state["params"]))
