@@ -7,7 +7,7 @@ WORKDIR ?= runs/demo
 export HF_HUB_OFFLINE=1
 export TRANSFORMERS_OFFLINE=1
 
-.PHONY: demo demo-grpo demo-mopd demo-miniwob test install install-test clean
+.PHONY: demo demo-grpo demo-mopd demo-miniwob test install install-test install-browser clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,13 @@ $(VENV)/.installed-miniwob: setup.py | $(PY)
 
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
+
+# The browser tests' pieces (MiniWoB++ in headless Chromium): Debian's chromium and
+# chromium-driver (root, apt) and the [miniwob] extra. With them `make test` runs the
+# Chromium tests instead of skipping them.
+install-browser: $(VENV)/.installed-miniwob
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver)
 
 demo: $(VENV)/.installed
 	$(PY) -m launch.train --config=configs/demo.py --workdir=$(WORKDIR)
