@@ -10,6 +10,10 @@
                      expert (its recovery after a mistake); lr 3e-4 after a 50-step warm-up, 600 steps
     grpo_online_greedy   the same, each episode executing a greedy answer (``rl.online.play =
                      greedy``): the training states are those the evaluated greedy agent reaches
+    grpo_online_onpath   the same as grpo_online_warm, each episode ending at its first wrong
+                     action (``rl.online.stop_at_mistake``): the policy's own states on fresh train
+                     tasks, without the states after a mistake and their recovery labels (both arms
+                     above taught held-out on-path states NavigateBack / Scroll)
     choose           the online arm whose training episodes (train task seeds, the last
                      ``CHOOSE_WINDOW`` finished in the run) succeed most: a disclosed choice that
                      looks at no evaluation seed (greedy play's episodes are greedy ones, so they
@@ -44,9 +48,10 @@ EVAL_EPISODES = 200          # held-out online episodes per platform (the issue:
 CHOOSE_WINDOW = 200          # training episodes that choose the online arm
 CHOSEN = "choice.json"
 # A literal list of names: launch.recipes reads ARGS from the source without importing it.
-ARGS = ("sft", "grpo_online_warm", "grpo_online_greedy")
+ARGS = ("sft", "grpo_online_warm", "grpo_online_greedy", "grpo_online_onpath")
 ONLINE = ARGS[1:]
-PLAYS = {"grpo_online_warm": "first", "grpo_online_greedy": "greedy"}
+PLAYS = {"grpo_online_warm": "first", "grpo_online_greedy": "greedy", "grpo_online_onpath": "first"}
+STOP_AT_MISTAKE = ("grpo_online_onpath",)
 MODELS = ARGS
 
 
@@ -77,6 +82,7 @@ def get_config(arg: str = "sft", root: str = ROOT, smoke: bool = False):
     c.rl.online.workers = c.data.batch_size
     c.rl.online.max_steps = 2 if smoke else STEP_LIMIT
     c.rl.online.play = PLAYS[arg]
+    c.rl.online.stop_at_mistake = arg in STOP_AT_MISTAKE
     return c
 
 

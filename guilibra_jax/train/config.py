@@ -290,6 +290,9 @@ KEYS: dict[str, Key] = {
     "rl.online.play": Key("first", K.one_of(*CH.ONLINE_PLAYS),
                           "what each live episode executes: first (its group's first sample, the release's) | "
                           "greedy (a greedy answer, one more row per prompt: the states launch.eval's agent reaches)"),
+    "rl.online.stop_at_mistake": Key(False, K.boolean(),
+                                     "end an episode (failed) at its first wrong executed action: training states "
+                                     "are the policy's own, but never those after its mistakes (no recovery labels)"),
     # ------------------------------------------------------------------ mesh
     "mesh.data": Key(-1, _MESH_AXIS, "data-parallel axis size (-1 = the rest of the devices)"),
     "mesh.fsdp": Key(1, _MESH_AXIS, "parameter-sharding (FSDP) axis size (-1 = the rest of the devices)"),

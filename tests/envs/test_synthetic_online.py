@@ -117,6 +117,37 @@ def test_a_mistake_is_labelled_with_the_experts_recovery(tokenizer_dir, tmp_path
     assert res.success and first is not None and steps >= 1
 
 
+@pytest.mark.parametrize("stop", [False, True])
+def test_stop_at_mistake_ends_an_episode_at_its_first_wrong_action(tokenizer_dir, tmp_path, stop):
+    """rl.online.stop_at_mistake: a wrong executed action ends the episode, logged failed and
+    cut, and the slot plays the schedule's next task; off, the episode goes on (recovery)."""
+    from guilibra_jax.train.data_source import prepare_tokenizer
+    from guilibra_jax.train import model_factory as MF
+    from guilibra_jax.train.rl import rollout as RO
+    from guilibra_jax.train.rl.online import OnlinePrompts
+    c = smoke_config(tokenizer_dir)
+    c.rl.online.stop_at_mistake = stop
+    tok = prepare_tokenizer(c, str(tmp_path))
+    mc = MF.model_config_of(c, tok)
+    src = OnlinePrompts(c, tok, mc, str(tmp_path))
+    batch = next(src)
+    before = [(r.task, r.seed) for r in src.results]
+    ro = RO.expand_groups(batch, 2)
+    wrong = ('<answer>{"action_type": "NavigateHome", "action_description": "home", "value": "None", '
+             '"point_2d": "none"}</answer>')
+    ro.texts = [wrong] * ro.rows
+    src.advance(ro)
+    after = [(r.task, r.seed) for r in src.results]
+    log = tmp_path / "online_episodes.jsonl"
+    if stop:
+        eps = [json.loads(line) for line in open(log)]
+        assert len(eps) == len(before) and all(e["cut"] and not e["success"] and e["steps"] == 1 for e in eps)
+        assert not set(after) & set(before) and src.metrics()["online/episode_success"] == 0.0
+    else:
+        assert after == before and not log.exists()
+        assert all(r.step == 1 and r.label is not None for r in src.results)
+
+
 def test_a_state_the_expert_cannot_label_restarts_its_slot(tokenizer_dir, tmp_path, monkeypatch):
     """A mistake can make a task impossible (the item to open deleted): the expert has no
     action there, the slot is counted abandoned and plays the schedule's next task."""

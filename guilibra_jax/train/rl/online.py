@@ -16,8 +16,8 @@ expert's action in that very state (``SlotResult.record()``), turned into prompt
 ``collate_rl``, in slot order), so the loop's reward phase verifies each of the G responses
 against that label. After the rollout the loop calls :meth:`advance`: slot i executes the
 first response of its group in the page; an episode that ends (the page's verdict, or
-``rl.online.max_steps`` actions), a state the expert cannot label, or a state whose prompt
-was dropped is replaced by the next (task, seed) of an :class:`EpisodeSchedule` over train
+``rl.online.max_steps`` actions; with ``rl.online.stop_at_mistake`` also its first wrong
+action), a state the expert cannot label, or a state whose prompt was dropped is replaced by the next (task, seed) of an :class:`EpisodeSchedule` over train
 seeds only (``data.seed``; the held-out seeds ``launch.eval`` plays are never trained on).
 
 Finished episodes are appended to ``workdir/online_episodes.jsonl`` ({round, task, seed,
@@ -125,6 +125,7 @@ class OnlinePrompts:
             self.schedule = EpisodeSchedule(self.tasks, seed=s.seed, split="train", split_fraction=s.test_fraction)
         else:
             self.schedule = EpisodeSchedule(self.tasks, seed=config.data.seed, split="train")
+        self.stop_at_mistake = bool(config.rl.online.stop_at_mistake)
         self.pool = pool if pool is not None else _make_pool(config, model_config.family)
         self._own_pool = pool is None
         if self._own_pool:
@@ -181,8 +182,9 @@ class OnlinePrompts:
             self.env_steps += 1
             if res.step_reward is not None:
                 self._step_rewards.append(float(res.step_reward["total"]))
-            if res.done:
-                self._finished(res)
+            wrong = res.step_reward is not None and float(res.step_reward["accuracy"]) < 1.0
+            if res.done or (self.stop_at_mistake and wrong):
+                self._finished(res, cut=not res.done)
                 restart.append(i)
             elif res.label is None:      # the expert has no action in this live state
                 self.abandoned += 1
@@ -240,13 +242,17 @@ class OnlinePrompts:
             if res is not None:
                 self.results[i] = res
 
-    def _finished(self, res) -> None:
+    def _finished(self, res, cut: bool = False) -> None:
+        """Count and log a finished episode; ``cut``: ended at a mistake (rl.online.stop_at_mistake), failed."""
+        success = bool(res.success) and not cut
         self.episodes += 1
-        self.successes += int(res.success)
-        self.recent.append(bool(res.success))
+        self.successes += int(success)
+        self.recent.append(success)
+        row = {"round": self.rounds, "task": res.task, "seed": res.seed, "success": success, "steps": res.step}
+        if cut:
+            row["cut"] = True
         with open(self.episode_log, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"round": self.rounds, "task": res.task, "seed": res.seed,
-                                "success": bool(res.success), "steps": res.step}) + "\n")
+            f.write(json.dumps(row) + "\n")
         self._logged += 1
 
 
