@@ -25,6 +25,5 @@ WANDB_MODES = ("online", "offline", "disabled")
 REBALANCE_KEYS = ("platform", "source")               # the record field naming a domain
 RL_WORLDS = ("", "miniwob", "synthetic")              # where RL prompts come from: the dataset | live episodes
 ONLINE_PLAYS = ("first", "greedy")                    # the response a live episode executes
-LORA_METHODS = ("sft", "grpo", "mopd")               # trainers that train LoRA adapters (model.lora.rank > 0)
 # The decoder's attention and MLP projections: the usual LoRA targets (regexes over '/'-joined parameter paths).
 LORA_TEXT_TARGETS = (r"^language_model/layers/(\d+/)?(self_attn/[qkvo]_proj|mlp/(gate|up|down)_proj)/kernel$",)

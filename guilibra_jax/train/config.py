@@ -553,9 +553,6 @@ def _check_lora(c, _known: Known) -> None:
     lo = c.model.lora
     if not lo.rank:
         return
-    if c.method not in CH.LORA_METHODS:
-        _fail("model.lora.rank", lo.rank, f"0 with method={c.method!r}: LoRA adapters train with method in "
-              f"{CH.LORA_METHODS} in this version")
     if lo.dropout:
         _fail("model.lora.dropout", lo.dropout, "0.0: the adapters are merged into the weights at the forward "
               "(W + alpha/r * A @ B), which cannot drop the LoRA input per token as PEFT's lora_dropout does")

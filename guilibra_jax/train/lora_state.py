@@ -13,6 +13,8 @@ parameters for evaluation and export are ``lora.merge(base, adapters)``.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import os
 from typing import Any
 
@@ -20,6 +22,8 @@ import jax
 
 from guilibra_jax import lora as L
 from guilibra_jax import sharding as S
+
+log = logging.getLogger(__name__)
 
 ADAPTER_DIR = "adapter"     # <workdir>/adapter: the PEFT adapter the run exports next to export/
 
@@ -65,17 +69,31 @@ class FrozenBase:
         base = jax.device_put(params, param_sh)
         return cls(spec, base, param_sh, jax.device_put(adapters, adapter_sh), adapter_sh)
 
+    @functools.cached_property
+    def _merge(self):
+        """The jitted merge, built once: a new jit per call would retrace it every step."""
+        return jax.jit(lambda b, a: L.merge(b, a, self.spec), out_shardings=self.base_sh)
+
     def merged(self, adapters) -> Any:
         """base + (alpha / r) A @ B, in the base's shardings."""
-        fn = jax.jit(lambda b, a: L.merge(b, a, self.spec), out_shardings=self.base_sh)
-        return fn(self.base, adapters)
+        return self._merge(self.base, adapters)
 
 
-def export_adapter(frozen: FrozenBase, adapters, model_config, base_path: str, workdir: str) -> str:
-    """Write the adapters as a PEFT folder ``<workdir>/adapter`` of the base at
-    ``base_path`` (recorded as base_model_name_or_path; '' for a random-init base)."""
+def export_adapter(frozen: FrozenBase | None, adapters, model_config, base_path: str, workdir: str,
+                   is_main: bool = True) -> str | None:
+    """LoRA runs: write the adapters (the train state's params, on the mesh) as a PEFT folder
+    ``<workdir>/adapter`` of the base at ``base_path`` (recorded as base_model_name_or_path;
+    '' for a random-init base). A collective with several processes (every process calls
+    it; ``is_main`` writes). None without LoRA."""
+    if frozen is None:
+        return None
     from guilibra_jax import lora_export
+    from guilibra_jax.train import multihost as MH
+    adapters = MH.host_params(adapters)
+    if not is_main:
+        return None
     out = os.path.join(workdir, ADAPTER_DIR)
-    lora_export.save_peft_adapter(jax.device_get(adapters), frozen.spec, model_config,
+    lora_export.save_peft_adapter(adapters, frozen.spec, model_config,
                                   os.path.abspath(base_path) if base_path else None, out)
+    log.info("exported the LoRA adapter (PEFT format) to %s", out)
     return out

@@ -183,4 +183,7 @@ def test_grpo_with_lora_scores_its_reference_on_the_base_itself(tmp_path):
     tok = data_source.prepare_tokenizer(c, str(tmp_path))
     s, state, _ = setup(c, MH.run_mesh(c), tok)
     assert s.frozen["reference"].params is s.lora.base
+    for _ in range(3):      # sampling and scoring merge once per step: one compiled merge, not one per step
+        s.policy(state["params"])
+    assert s.lora._merge._cache_size() == 1
     assert all(p.endswith(("/lora_a", "/lora_b")) for p in _flat(state["params"]))

@@ -17,8 +17,8 @@ expert's action in that very state (``SlotResult.record()``), turned into prompt
 against that label. After the rollout the loop calls :meth:`advance`: slot i executes the
 first response of its group in the page; an episode that ends (the page's verdict, or
 ``rl.online.max_steps`` actions; with ``rl.online.stop_at_mistake`` also its first wrong
-action), a state the expert cannot label, or a state whose prompt was dropped is replaced by the next (task, seed) of an :class:`EpisodeSchedule` over train
-seeds only (``data.seed``; the held-out seeds ``launch.eval`` plays are never trained on).
+action), a state the expert cannot label, or a state whose prompt was dropped is replaced
+by the next (task, seed) of an :class:`EpisodeSchedule` over train seeds only (``data.seed``; the held-out seeds ``launch.eval`` plays are never trained on).
 
 Finished episodes are appended to ``workdir/online_episodes.jsonl`` ({round, task, seed,
 success, steps}; ``online_episodes.p<k>.jsonl`` on process k > 0). ``get_state()`` holds the

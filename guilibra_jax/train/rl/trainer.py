@@ -116,8 +116,5 @@ class RLTrainer:
 
     def export_extras(self, state: dict, is_main: bool) -> None:
         """LoRA: the adapters alone as a PEFT folder ``<workdir>/adapter`` of the base."""
-        if self.s.lora is None:
-            return
-        adapters = MH.host_params(state["params"])      # a collective with several processes
-        if is_main:
-            export_adapter(self.s.lora, adapters, self.s.model_config, self.config.model.hf_path, self.workdir)
+        export_adapter(self.s.lora, state["params"], self.s.model_config, self.config.model.hf_path, self.workdir,
+                       is_main)

@@ -3,7 +3,6 @@ state and jitted step (``sft/step.py``), and this process's token-packed batches
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Callable
 
@@ -18,8 +17,6 @@ from guilibra_jax.train.lora_state import FrozenBase, export_adapter
 from guilibra_jax.train.sft.plan import plan_sft
 from guilibra_jax.train.sft.step import sft_step_from_config
 from guilibra_jax.train.state import jit_update, optimizer_from_config, sharded_state
-
-log = logging.getLogger(__name__)
 
 
 class SFTTrainer:
@@ -72,13 +69,8 @@ class SFTTrainer:
 
     def export_extras(self, state: dict, is_main: bool) -> None:
         """LoRA: the adapters alone as a PEFT folder ``<workdir>/adapter`` of the base."""
-        if self.frozen is None:
-            return
-        from guilibra_jax.train import multihost as MH
-        adapters = MH.host_params(state["params"])      # a collective with several processes
-        if is_main:
-            path = export_adapter(self.frozen, adapters, self.model_config, self.config.model.hf_path, self.workdir)
-            log.info("exported the LoRA adapter (PEFT format) to %s", path)
+        export_adapter(self.frozen, state["params"], self.model_config, self.config.model.hf_path, self.workdir,
+                       is_main)
 
     def open_data(self):
         self.data = self.data_factory(self.config, self.tokenizer, self.model_config, jax.process_index(),
