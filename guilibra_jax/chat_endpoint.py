@@ -35,7 +35,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 RETRIED_HTTP = {408, 409, 429}
 
@@ -59,13 +59,17 @@ class ChatResult:
         return self.text is not None
 
 
-class _Retryable(Exception):
+class Retryable(Exception):
+    """A failed attempt worth retrying; ``reason`` is what gets counted."""
+
     def __init__(self, reason: str, retry_after: float | None = None):
         super().__init__(reason)
         self.reason, self.retry_after = reason, retry_after
 
 
-class _Fatal(Exception):
+class Fatal(Exception):
+    """A failed attempt that retrying cannot fix (the request's fault)."""
+
     def __init__(self, reason: str, detail: str = ""):
         super().__init__(reason)
         self.reason, self.detail = reason, detail
@@ -180,66 +184,96 @@ class ChatEndpoint:
         data = json.dumps(body).encode("utf-8")
         result = ChatResult(text=None)
         t0 = time.monotonic()
-        for attempt in range(self.retries + 1):
-            result.attempts = attempt + 1
-            try:
-                text, finish, usage = self._post(data)
-            except _Retryable as e:
-                self._count(e.reason)
-                result.errors.append(e.reason)
-                result.error = e.reason
-                if attempt < self.retries:
-                    time.sleep(self._delay(attempt, e.retry_after))
-                continue
-            except _Fatal as e:
-                self._count(e.reason)
-                result.errors.append(e.reason)
-                result.error = f"{e.reason}: {e.detail}" if e.detail else e.reason
-                break
-            self._count("ok")
-            result.text, result.error, result.finish_reason, result.usage = text, None, finish, usage
-            break
-        if result.text is None:
+        out, result.errors, result.attempts, result.error = with_retries(
+            lambda: _chat_reply(post_json(self.url, data, self._headers(), self.timeout)), self.retries,
+            self._delay, self._count)
+        if out is not None:
+            result.text, result.finish_reason, result.usage = out
+        else:
             self._count("failed")
         result.seconds = time.monotonic() - t0
         return result
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return min(retry_after, self.max_backoff)
         with self._lock:
-            jitter = 0.5 + 0.5 * self._rng.random()
-        return min(self.backoff * (2 ** attempt) * jitter, self.max_backoff)
+            return backoff_delay(attempt, retry_after, self.backoff, self.max_backoff, self._rng)
 
-    def _post(self, data: bytes) -> tuple[str, str | None, dict | None]:
-        req = urllib.request.Request(self.url, data=data, headers=self._headers(), method="POST")
+
+def backoff_delay(attempt: int, retry_after: float | None, backoff: float, max_backoff: float,
+                  rng: random.Random) -> float:
+    """Seconds before retry ``attempt + 1``: ``Retry-After`` when given, else
+    ``backoff * 2**attempt`` with jitter in [0.5, 1); both capped at ``max_backoff``."""
+    if retry_after is not None:
+        return min(retry_after, max_backoff)
+    return min(backoff * (2 ** attempt) * (0.5 + 0.5 * rng.random()), max_backoff)
+
+
+def with_retries(send: Callable[[], Any], retries: int, delay: Callable[[int, float | None], float],
+                 count: Callable[[str], None]) -> tuple[Any, list[str], int, str | None]:
+    """(``send()``'s value or None, each failed attempt's reason, attempts made, the last
+    error or None): ``send`` retried on :class:`Retryable` up to ``retries`` more times
+    (sleeping ``delay(attempt, retry_after)``), not on :class:`Fatal`; every attempt's
+    outcome counted (``count("ok")`` or its reason)."""
+    errors: list[str] = []
+    error = None
+    for attempt in range(retries + 1):
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as e:
-            code = e.code
-            detail = e.read()[:300].decode("utf-8", "replace") if e.fp is not None else ""
-            if code in RETRIED_HTTP or code >= 500:
-                retry_after = e.headers.get("Retry-After") if e.headers else None
-                raise _Retryable(f"http_{code}", _seconds(retry_after)) from None
-            raise _Fatal(f"http_{code}", detail) from None
-        except (socket.timeout, TimeoutError):
-            raise _Retryable("timeout") from None
-        except urllib.error.URLError as e:
-            if isinstance(e.reason, (socket.timeout, TimeoutError)):
-                raise _Retryable("timeout") from None
-            raise _Retryable("connection") from None
-        except (ConnectionError, OSError):
-            raise _Retryable("connection") from None
-        try:
-            reply = json.loads(raw)
-            choice = reply["choices"][0]
-            text = choice["message"]["content"]
-            if not isinstance(text, str):
-                raise TypeError("content is not a string")
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise _Retryable("malformed") from None
-        return text, choice.get("finish_reason"), reply.get("usage")
+            value = send()
+        except Retryable as e:
+            count(e.reason)
+            errors.append(e.reason)
+            error = e.reason
+            if attempt < retries:
+                time.sleep(delay(attempt, e.retry_after))
+            continue
+        except Fatal as e:
+            count(e.reason)
+            errors.append(e.reason)
+            return None, errors, attempt + 1, f"{e.reason}: {e.detail}" if e.detail else e.reason
+        count("ok")
+        return value, errors, attempt + 1, None
+    return None, errors, retries + 1, error
+
+
+def post_json(url: str, data: bytes, headers: Mapping[str, str], timeout: float) -> Any:
+    """The JSON reply of a POST of ``data``; raises :class:`Retryable` (timeouts,
+    connection errors, HTTP 408 / 409 / 429 / 5xx, a reply that is not JSON) or
+    :class:`Fatal` (other HTTP errors)."""
+    req = urllib.request.Request(url, data=data, headers=dict(headers), method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+    except urllib.error.HTTPError as e:
+        code = e.code
+        detail = e.read()[:300].decode("utf-8", "replace") if e.fp is not None else ""
+        if code in RETRIED_HTTP or code >= 500:
+            retry_after = e.headers.get("Retry-After") if e.headers else None
+            raise Retryable(f"http_{code}", _seconds(retry_after)) from None
+        raise Fatal(f"http_{code}", detail) from None
+    except (socket.timeout, TimeoutError):
+        raise Retryable("timeout") from None
+    except urllib.error.URLError as e:
+        if isinstance(e.reason, (socket.timeout, TimeoutError)):
+            raise Retryable("timeout") from None
+        raise Retryable("connection") from None
+    except (ConnectionError, OSError):
+        raise Retryable("connection") from None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise Retryable("malformed") from None
+
+
+def _chat_reply(reply: Any) -> tuple[str, str | None, dict | None]:
+    """(text, finish_reason, usage) of a chat completion; Retryable("malformed") without text."""
+    try:
+        choice = reply["choices"][0]
+        text = choice["message"]["content"]
+        if not isinstance(text, str):
+            raise TypeError("content is not a string")
+    except (KeyError, IndexError, TypeError):
+        raise Retryable("malformed") from None
+    return text, choice.get("finish_reason"), reply.get("usage")
 
 
 def _seconds(value: str | None) -> float | None:
