@@ -314,13 +314,15 @@ def _grpo_parts(logp, old_logp, ref_logp, advantages, mask, clip_low, clip_high,
 
 def grpo_loss_terms(logp, old_logp, ref_logp, advantages, mask, *, clip_low=0.2,
                     clip_high=0.2, kl_beta=0.001, kl_kind="k3", kl_clamp=None,
-                    aggregation="token_mean", dual_clip=None) -> tuple[Array, Array, dict]:
+                    aggregation="token_mean", dual_clip=None, kl_rows=None) -> tuple[Array, Array, dict]:
     """(numerator, denominator, `report_sums`) of `grpo_loss`; sum each over micro-batches,
-    then divide."""
+    then divide. ``kl_rows`` [B] (default 1): each sequence's KL weight (0: a row whose
+    reference could not be scored, a served reference's failure)."""
     pg, kl, ratio, clipped, on = _grpo_parts(logp, old_logp, ref_logp, advantages, mask, clip_low, clip_high,
                                              kl_kind, kl_clamp, dual_clip)
-    num, den = aggregate_terms(pg + kl_beta * kl, mask, aggregation)
-    return num, den, report_sums(ratio, clipped, on, kl, jnp.ones(on.shape[:1]))
+    rows = jnp.ones(on.shape[:1]) if kl_rows is None else _float(kl_rows)
+    num, den = aggregate_terms(pg + kl_beta * kl * rows[:, None], mask, aggregation)
+    return num, den, report_sums(ratio, clipped, on, kl, rows)
 
 
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2,

@@ -18,6 +18,7 @@ import ml_collections as mlc
 
 from guilibra_jax import choices as CH
 from guilibra_jax.errors import ConfigError
+from guilibra_jax.served_scorer import check_url, is_url
 from guilibra_jax.train import config_checks as K
 
 DEMO_MIN_VOCAB = 276                         # = len(demo_tokenizer.QWEN_SPECIAL_TOKENS) + 256 bytes
@@ -217,9 +218,10 @@ KEYS: dict[str, Key] = {
                       "GRPO: weight of the KL to the reference, its trust region (> 0 by design)"),
     "rl.kl_kind": Key("k3", K.one_of(*CH.KL_KINDS), "GRPO: the KL estimator"),
     "rl.kl_clamp": Key(10.0, K.number(0, note="(0 = no clamp)"), "clamp of the per-token KL (0 = no clamp)"),
-    "rl.reference": Key("", K.text("an HF folder, training workdir or random:<seed>; '' = the starting policy"),
-                        "GRPO: the frozen reference (HF folder, training workdir or random:<seed>); '' = the "
-                        "starting policy"),
+    "rl.reference": Key("", K.text("an HF folder, training workdir, random:<seed> or http(s) URL of a served "
+                                   "scorer; '' = the starting policy"),
+                        "GRPO: the frozen reference (HF folder, training workdir, random:<seed>, or the URL of a "
+                        "served scorer: rl.served); '' = the starting policy"),
     "rl.sngs.enabled": Key(True, K.boolean(), "GRPO: success-adaptive negative gradient scaling"),
     "rl.sngs.lambda0": Key(0.5, K.number(0, 1), "lambda = min(lambda0 + kappa * signal, 1)"),
     "rl.sngs.kappa": Key(1.5, K.number(0), "lambda's slope in the group's signal"),
@@ -237,8 +239,10 @@ KEYS: dict[str, Key] = {
     "rl.reward.mopd_rule": Key("strict", K.one_of(*CH.MOPD_REWARD_RULES),
                                "MOPD reward: strict (ours) | release (gui_agent.py)"),
     "rl.reward.check_tool_name": Key(True, K.boolean(), "MOPD: the type point needs the label's tool name too"),
-    "rl.teachers": Key({}, K.mapping_of_text("platform label -> teacher folder or random:<seed>; '*' = any other"),
-                       "MOPD: platform label -> HF folder, training workdir or random:<seed> ('*': any other)"),
+    "rl.teachers": Key({}, K.mapping_of_text("platform label -> teacher folder, random:<seed> or http(s) URL; "
+                                             "'*' = any other"),
+                       "MOPD: platform label -> HF folder, training workdir, random:<seed> or URL of a served scorer "
+                       "(rl.served) ('*': any other)"),
     "rl.teacher_model_name": Key("", K.text("a named size for launch.plan; '' = the policy's"),
                                  "architecture of unset teachers for launch.plan (a named size); '' = the policy's"),
     "rl.mopd.beta": Key(0.01, K.number(0), "weight of the teachers' distillation term"),
@@ -261,6 +265,13 @@ KEYS: dict[str, Key] = {
                                    "is 0 or 1, sample more rounds"),
     "rl.group_filter.max_rounds": Key(10, K.integer(0, note="(0 = no limit)"),
                                       "rounds per update at most (0 = no limit, the release)"),
+    "rl.served.timeout": Key(120.0, K.number(0, lo_open=True), "seconds per request to a served scorer"),
+    "rl.served.retries": Key(3, K.integer(0), "more attempts per failed request (backoff 1 s x 2^k, jittered, <= 30 s)"),
+    "rl.served.concurrency": Key(8, K.integer(1), "requests in flight per served scorer and process"),
+    "rl.served.rows_per_request": Key(8, K.integer(1), "rows (prompt + response) per request to a served scorer"),
+    "rl.served.max_failed_steps": Key(3, K.integer(0, note="(0 = never stop)"),
+                                      "stop the run after this many consecutive steps in which a served scorer "
+                                      "scored none of its rows (0 = never)"),
     "rl.score_chunk": Key(0, K.integer(0, note="(0 = off)"),
                           "vocabulary projection over T-chunks of this size when scoring (0 = off)"),
     "rl.old_logprobs": Key("auto", K.one_of(*CH.OLD_LOGPROBS),
@@ -395,6 +406,12 @@ SECTIONS: dict[str, str] = {
                "(beta * (log pi_teacher - log pi_student) as a per-token advantage: on-policy distillation); full_kl "
                "(exact reverse KL over the vocabulary: the teachers run inside the update, with the policy's "
                "vocabulary and inputs). The pass-rate floor is on exactly when `rl.mopd.kl_mask` is not off.",
+    "rl.served": "Served scorers (`guilibra_jax/served_scorer.py`): an `http(s)://` URL in `rl.teachers.<label>` or "
+                 "`rl.reference` names an OpenAI-compatible server (vLLM `serve`, the same tokenizer) that returns the "
+                 "log-probs of our prompt + response token ids (`/v1/completions` with `prompt_logprobs`); nothing of "
+                 "it sits on the mesh. Each process sends its own rows. A row whose request fails every attempt is "
+                 "dropped from the KL term (weight 0) and counted (`served/<label>/dropped_rows`); tokens the server "
+                 "scores differently are a one-line error. Text-only prompts, rl.temperature 1, not with full_kl.",
     "rl.group_filter": "DAPO-style dynamic sampling (the UI-MOPD release: on): groups whose pass rate is 0 or 1 are "
                        "dropped and more rounds of `data.batch_size` prompts are sampled until `rl.update_groups` "
                        "groups are kept; after `max_rounds` rounds (0 = no limit, the release) the update is "
@@ -694,8 +711,20 @@ def check_teachers(teachers, platforms) -> None:
               f"(add them, or '*' for a default teacher)")
 
 
+def _frozen_specs(c) -> list[tuple[str, str]]:
+    """(config key, spec) of the run's frozen models: rl.reference (GRPO) or rl.teachers.* (MOPD)."""
+    if c.method == "grpo":
+        return [("rl.reference", c.rl.reference)] if c.rl.reference else []
+    if c.method == "mopd":
+        return [(f"rl.teachers.{label}", spec) for label, spec in c.rl.teachers.items()]
+    return []
+
+
 def _frozen_spec_ok(spec: str) -> bool:
-    """An existing folder or random:<integer seed> (frozen models of stage 2)."""
+    """An existing folder, random:<integer seed> or a served scorer's URL (checked by
+    served_scorer.check_url) (frozen models of stage 2)."""
+    if is_url(spec):
+        return True
     if spec.startswith("random:"):
         return spec[len("random:"):].lstrip("-").isdigit()
     return os.path.isdir(spec)
@@ -706,10 +735,19 @@ def _check_rl(c, known: Known) -> None:
     if r.old_logprobs == "sampler" and (r.top_p < 1.0 or r.top_k):
         _fail("rl.old_logprobs", r.old_logprobs, f"auto or recompute when sampling is truncated (rl.top_p = "
               f"{r.top_p}, rl.top_k = {r.top_k}): the sampler's log-probs are then not the policy's")
+    served = [(key, spec) for key, spec in _frozen_specs(c) if is_url(spec)]
+    for key, spec in served:
+        check_url(key, spec)
+    if served and r.temperature != 1.0:
+        _fail("rl.temperature", r.temperature, f"1.0 with a served scorer ({served[0][0]}): the server's "
+              f"prompt log-probs are of the raw logits (temperature 1)")
+    if served and c.method == "mopd" and r.mopd.estimator == "full_kl":
+        _fail("rl.mopd.estimator", r.mopd.estimator, f"k3 or logratio_advantage with a served teacher "
+              f"({served[0][0]}): full_kl needs the teacher's logits on the mesh")
     if c.method == "grpo":
         if r.reference and not _frozen_spec_ok(r.reference) and not known.planning:
-            _fail("rl.reference", r.reference, "an existing HF folder, training workdir or random:<seed> "
-                  "('' = the starting policy)")
+            _fail("rl.reference", r.reference, "an existing HF folder, training workdir, random:<seed> or "
+                  "http(s):// URL of a served scorer ('' = the starting policy)")
         if c.data.method != "guilibra":
             _fail("data.method", c.data.method, "guilibra for method=grpo (GUI-Libra rewards)")
     if c.method == "mopd":
@@ -717,7 +755,8 @@ def _check_rl(c, known: Known) -> None:
             _fail("rl.teachers", dict(r.teachers), "a mapping platform label -> teacher folder")
         for label, path in r.teachers.items():
             if not _frozen_spec_ok(path) and not known.planning:
-                _fail(f"rl.teachers.{label}", path, "an existing HF folder, training workdir or random:<seed>")
+                _fail(f"rl.teachers.{label}", path, "an existing HF folder, training workdir, random:<seed> or "
+                      "http(s):// URL of a served scorer")
         if c.data.synthetic.enabled:
             check_teachers(r.teachers, c.data.synthetic.platforms)
         if c.data.method != "mopd":

@@ -4,13 +4,16 @@ They are only scored: parameters in the compute dtype, sharded over the whole me
 policy's (FSDP / tensor, across all hosts), no optimizer state. A model comes from a
 Hugging Face folder, a training workdir of ours (its latest checkpoint), or, for smoke
 tests that need no earlier run, ``random:<seed>``: a random model of the policy's own
-architecture with that seed.
+architecture with that seed. An ``http(s)://`` URL names a served scorer instead
+(:mod:`guilibra_jax.served_scorer`: another machine's vLLM returns the log-probs; no
+parameters here).
 
 Teacher routing (:func:`score_by_platform`): each teacher scores only the rows of its own
 platform label (``*`` takes every other label). Processes hold different platform mixes,
 so per teacher the processes agree on one padded row count from a few fixed sizes (few
 compiled shapes); a process with fewer rows pads with copies of one of its rows, whose
-scores are dropped.
+scores are dropped. A served teacher is not collective: each process sends its own rows
+(no padding), and rows it cannot score are marked in ``ok`` (dropped from the KL term).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from flax import nnx
 
 from guilibra_jax import generate as G
 from guilibra_jax import models as M
+from guilibra_jax import served_scorer as SV
 from guilibra_jax.errors import ConfigError
 from guilibra_jax.train import config as run_config
 from guilibra_jax.train import model_factory
@@ -54,21 +58,39 @@ def is_random_spec(spec: str) -> bool:
     return spec.startswith(RANDOM_PREFIX)
 
 
+def is_served(f) -> bool:
+    """A served scorer (:class:`served_scorer.ServedScorer`), not a model on the mesh."""
+    return bool(getattr(f, "served", False))
+
+
 def check_spec(key: str, spec: str) -> None:
-    """Raise ConfigError unless ``spec`` is ``random:<int>`` or an existing folder."""
-    if is_random_spec(spec):
+    """Raise ConfigError unless ``spec`` is ``random:<int>``, an existing folder or an
+    http(s) URL (a served scorer; not contacted here)."""
+    if SV.is_url(spec):
+        SV.check_url(key, spec)
+    elif is_random_spec(spec):
         try:
             int(spec[len(RANDOM_PREFIX):])
         except ValueError:
             raise ConfigError(f"config key {key} = {spec!r} is invalid: expected random:<integer seed>") from None
     elif not os.path.isdir(spec):
         raise ConfigError(f"config key {key} = {spec!r} is invalid: expected an existing Hugging Face folder, "
-                          f"training workdir, or random:<seed>")
+                          f"training workdir, random:<seed> or http(s):// URL of a served scorer")
 
 
-def load(name: str, spec: str, config, mesh, tokenizer, *, materialize: bool = True) -> Frozen:
+def served(key: str, spec: str, config) -> SV.ServedScorer:
+    """The served scorer of config key ``key`` (``rl.served`` settings)."""
+    sv = config.rl.served
+    return SV.ServedScorer(key, spec, timeout=sv.timeout, retries=sv.retries, concurrency=sv.concurrency,
+                           rows_per_request=sv.rows_per_request, seed=config.data.seed)
+
+
+def load(name: str, spec: str, config, mesh, tokenizer, *, materialize: bool = True, key: str = "") -> Frozen:
     """The frozen model ``spec`` (see module doc) in ``config.model.dtype``, sharded on
-    ``mesh``; ``materialize=False``: abstract parameters only (for memory plans)."""
+    ``mesh``; ``materialize=False``: abstract parameters only (for memory plans). A URL:
+    the served scorer of config key ``key`` (nothing on the mesh)."""
+    if SV.is_url(spec):
+        return served(key or name, spec, config)
     dtype = config.model.dtype
     if not materialize:
         graphdef, params, _ = model_factory.abstract_model(spec_model_config(spec, config, tokenizer), mesh,
@@ -120,6 +142,30 @@ def score(f: Frozen, seq: dict, *, temperature: float, chunk: int | None, banned
                    chunk_size=chunk, banned_token_ids=banned)
 
 
+def serve(f, ro, rows: np.ndarray, n_slots: int, shared: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A served scorer's log-probs of rollout rows ``rows`` in :func:`score`'s layout
+    ([len(rows), n_slots] shared, else [len(rows), Tp + n_slots]: token j of a response at
+    column Tp - 1 + j) and [len(rows)] bool: scored (False: every attempt failed). Rows
+    without a response (invalid, empty) are not sent. A row with an image is a ConfigError
+    (the completions API takes token ids only; served_scorer's module doc)."""
+    Tp = ro.prompt_ids.shape[1]
+    out = np.zeros((len(rows), n_slots if shared else Tp + n_slots), np.float32)
+    ok = np.ones(len(rows), bool)
+    send = [i for i, r in enumerate(rows) if ro.valid[r] and ro.lengths[r] > 0]
+    if any(ro.grids[rows[i]] is not None for i in send):
+        raise ConfigError(f"config key {f.key} = {f.url!r}: a served scorer scores text-only prompts (token ids "
+                          f"through the completions API); this rollout's prompts hold images")
+    got = f.score([ro.prompt_ids[rows[i]][ro.prompt_mask[rows[i]] > 0] for i in send],
+                  [ro.tokens[rows[i], :ro.lengths[rows[i]]] for i in send])
+    start = 0 if shared else Tp - 1
+    for i, logp in zip(send, got):
+        if logp is None:
+            ok[i] = False
+        else:
+            out[i, start:start + len(logp)] = logp
+    return out, ok
+
+
 def row_sizes(local_rows: int, multiple: int) -> tuple[int, ...]:
     """Padded per-process row counts a teacher call may use (few shapes, few compiles)."""
     sizes = {s for s in (local_rows // 4, local_rows // 2) if s > 0 and s % multiple == 0}
@@ -128,11 +174,15 @@ def row_sizes(local_rows: int, multiple: int) -> tuple[int, ...]:
 
 def score_by_platform(platforms: list[str], valid: np.ndarray, teachers: dict[str, Frozen],
                       score_rows: Callable[[Frozen, np.ndarray], np.ndarray], row_multiple: int,
-                      out: np.ndarray) -> np.ndarray:
+                      out: np.ndarray, serve_rows: Callable | None = None, ok: np.ndarray | None = None
+                      ) -> np.ndarray:
     """Fill ``out`` [local rows, T] with each valid row's log-probs under the teacher of its
     platform label. ``score_rows(teacher, rows)`` scores local row indices ``rows`` (a
     collective call: every process passes the same number of rows) and returns
-    [len(rows), T]. A collective: every process calls it with its own rows."""
+    [len(rows), T]. A collective: every process calls it with its own rows. Served
+    teachers (:func:`is_served`) go to ``serve_rows(teacher, rows)`` -> ([len(rows), T],
+    [len(rows)] bool scored) with this process's rows only; unscored rows are set False
+    in ``ok`` [local rows]."""
     labels = np.array([p or "" for p in platforms])
     named = sorted(k for k in teachers if k != "*")
     rest = valid & ~np.isin(labels, named)
@@ -145,6 +195,12 @@ def score_by_platform(platforms: list[str], valid: np.ndarray, teachers: dict[st
         calls.append(("*", np.nonzero(rest)[0]))
     sizes = row_sizes(len(labels), row_multiple)
     for key, rows in calls:
+        if is_served(teachers[key]):     # per process: no collective, no padding
+            if len(rows):
+                out[rows], scored = serve_rows(teachers[key], rows)
+                if ok is not None:
+                    ok[rows] &= scored
+            continue
         need = MH.agree_max(len(rows))
         if need == 0:
             continue

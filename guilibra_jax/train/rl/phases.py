@@ -25,6 +25,7 @@ every process's prompt iterator, and the sampling key (derived from the step and
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import jax
 import numpy as np
@@ -41,6 +42,8 @@ from guilibra_jax.train.rl.layout import (agreed_copies, device_inputs, local_ch
                                           update_calls)
 from guilibra_jax.train.rl.setup import (Stage2, reuse_sampler_log_probs, shares_prompts, update_groups,
                                          uses_full_kl)
+
+log = logging.getLogger(__name__)
 
 
 def rollout(s: Stage2, params, batch: dict, key, *, group_size: int | None = None,
@@ -160,6 +163,8 @@ class Scores:
     ref_logp: np.ndarray
     n_slots: int = 0
     shared: bool = False
+    kl_ok: np.ndarray | None = None   # [R] bool: False where a served scorer failed (no KL term on the row)
+    served: dict = dataclasses.field(default_factory=dict)   # served scorer's name -> [rows sent, rows scored]
 
 
 def score(s: Stage2, params, ro: RO.Rollout) -> Scores:
@@ -197,12 +202,26 @@ def score(s: Stage2, params, ro: RO.Rollout) -> Scores:
     else:
         old_logp = score_rows(FZ.Frozen("policy", s.graphdef, params, s.model_config), all_rows)
 
-    if s.method == "grpo":
-        ref_logp = score_rows(s.frozen["reference"], all_rows)
+    ok = np.ones(ro.rows, bool)
+    served = {}
+
+    def serve_rows(f, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        # (per process, no collective: a served scorer gets this process's rows)
+        logp, scored = FZ.serve(f, ro, rows, n_slots, shared)
+        sent = ro.valid[rows] & (ro.lengths[rows] > 0)
+        served[f.name] = [a + b for a, b in zip(served.get(f.name, [0, 0]), (int(sent.sum()), int((sent & scored).sum())))]
+        return logp, scored
+
+    ref = s.frozen["reference"] if s.method == "grpo" else None
+    if ref is not None and FZ.is_served(ref):
+        ref_logp, ok = serve_rows(ref, all_rows)
+    elif ref is not None:
+        ref_logp = score_rows(ref, all_rows)
     else:
         ref_logp = FZ.score_by_platform(ro.platform, ro.valid, s.frozen, score_rows, s.row_multiple,
-                                        np.zeros_like(old_logp))
-    return Scores(seq_host, old_logp, ref_logp.astype(np.float32), n_slots, shared)
+                                        np.zeros_like(old_logp), serve_rows, ok)
+    ref_logp = np.where(ok[:, None], ref_logp, old_logp)   # unscored rows: no KL (weight 0, and K3 = 0)
+    return Scores(seq_host, old_logp, ref_logp.astype(np.float32), n_slots, shared, ok, served)
 
 
 def update(s: Stage2, state: dict, ro: RO.Rollout, adv: dict, scores: Scores) -> tuple[dict, dict, list[bool]]:
@@ -212,8 +231,9 @@ def update(s: Stage2, state: dict, ro: RO.Rollout, adv: dict, scores: Scores) ->
     kl_mode = ADV.kl_mask_mode(rl) if s.method == "mopd" else "off"
     if scores.shared:
         ro = RO.pad_prompts(ro, MH.agree_max(ro.prompt_ids.shape[1]))
+    kl_mask = adv["kl_mask"] if scores.kl_ok is None else adv["kl_mask"] * scores.kl_ok   # served failures: off
     host = dict(scores.seq, old_logp=scores.old_logp, ref_logp=scores.ref_logp, advantages=adv["advantages"],
-                kl_mask=adv["kl_mask"])
+                kl_mask=kl_mask)
     if uses_full_kl(s.config):   # the update runs each row's teacher itself (rl.mopd.estimator)
         host["teacher_index"] = FZ.teacher_index(ro.platform, FZ.teacher_order(s.frozen))
     token_counts = scores.seq["response_mask"].sum(1)
@@ -223,8 +243,10 @@ def update(s: Stage2, state: dict, ro: RO.Rollout, adv: dict, scores: Scores) ->
             idx, calls = update_calls(ro.rows, rl.minibatches, accum, m)
             totals = None
             if kl_mode == "release":
-                totals = MH.gather_rows(ADV.kl_totals(adv["kl_mask"][idx], token_counts[idx])[None]).sum(0)
-            weights = ADV.kl_weights(adv["kl_mask"], kl_mode, totals)
+                totals = MH.gather_rows(ADV.kl_totals(kl_mask[idx], token_counts[idx])[None]).sum(0)
+            weights = ADV.kl_weights(kl_mask, kl_mode, totals)
+            if scores.kl_ok is not None:    # (kl_mask "off" weighs every row 1: unscored rows still 0)
+                weights = weights * scores.kl_ok
             copies = agreed_copies(s, ro, calls) if scores.shared else 0
             micros = [_update_rows(s, dict(host, kl_mask=weights), ro, rows, scores, copies) for rows in calls]
             state, metrics = s.update_fn(state, device_inputs(s, stack_micro_batches(micros), micro_axis=True))
@@ -251,6 +273,26 @@ def _update_rows(s: Stage2, host: dict, ro: RO.Rollout, idx: np.ndarray, scores:
 
 
 # ----------------------------------------------------------------------------- metrics
+def served_metrics(s: Stage2, scores: Scores, watches: dict) -> dict[str, float]:
+    """Each served scorer's rows of the step over all processes (a collective):
+    ``served/<name>/rows`` sent, ``ok`` scored, ``dropped_rows`` (no KL term); ``watches``
+    (name -> served_scorer.FailedSteps) stop the run after too many fully failed steps."""
+    scorers = {f.name: f for f in s.frozen.values() if FZ.is_served(f)}
+    if not scorers:
+        return {}
+    names = sorted(scorers)
+    local = np.array([scores.served.get(n, [0, 0]) for n in names], np.int64).reshape(1, -1)
+    totals = MH.gather_rows(local).sum(0).reshape(-1, 2)
+    row = {}
+    for n, (sent, ok) in zip(names, totals.tolist()):
+        row.update({f"served/{n}/rows": sent, f"served/{n}/ok": ok, f"served/{n}/dropped_rows": sent - ok})
+        if sent > ok:
+            log.warning("%s: %d of %d rows unscored (no KL term); attempts so far by outcome: %s",
+                        scorers[n].key, sent - ok, sent, dict(scorers[n].counts))
+        watches[n].note(ok, sent, ", ".join(f"{k} {v}" for k, v in sorted(scorers[n].counts.items()) if k != "ok"))
+    return row
+
+
 def rollout_metrics(c: Collected, adv: dict, method: str, max_new_tokens: int, filtered: bool = False
                     ) -> dict[str, float]:
     """Step metrics over all processes' rows (a collective); ``filtered``: add the group

@@ -12,6 +12,7 @@ import numpy as np
 from guilibra_jax import generate as G
 from guilibra_jax import sharding as S
 from guilibra_jax.train import plan as P
+from guilibra_jax.train.rl import frozen as FZ
 from guilibra_jax.train.rl import layout as L
 from guilibra_jax.train.rl import rollout as RO
 from guilibra_jax.train.rl.setup import reuse_sampler_log_probs, shares_prompts, update_groups, uses_full_kl
@@ -36,7 +37,8 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     resident = {trained: P.per_device_bytes(abs_state["params"]),
                 "optimizer_state": P.per_device_bytes(abs_state["opt_state"])}
     for name, f in s.frozen.items():
-        resident[f"frozen_{name}"] = P.per_device_bytes(f.params)
+        if not FZ.is_served(f):      # a served scorer holds nothing here
+            resident[f"frozen_{name}"] = P.per_device_bytes(f.params)
     if s.lora is not None and not any(f.params is s.lora.base for f in s.frozen.values()):
         resident["frozen_base"] = P.per_device_bytes(policy)    # (GRPO's default reference is the base itself)
     programs: dict[str, dict[str, int]] = {}
@@ -84,7 +86,8 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     b = P.batch_struct(mesh, seq, micro_axis=False)
     scored = [] if reuse_sampler_log_probs(rl) else [("policy", s.graphdef, policy)]
     done = []   # (graphdef, params' shapes and shardings, stats): teachers of one architecture compile once
-    for name, gd, params in scored + [(n, f.graphdef, P.abstract(f.params)) for n, f in s.frozen.items()]:
+    on_mesh = [(n, f.graphdef, P.abstract(f.params)) for n, f in s.frozen.items() if not FZ.is_served(f)]
+    for name, gd, params in scored + on_mesh:
         sig = [(x.shape, x.dtype, x.sharding) for x in jax.tree.leaves(params)]
         same = next((st for g, sg, st in done if g == gd and sg == sig), None)
         if same is not None:

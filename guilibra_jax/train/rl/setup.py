@@ -87,6 +87,10 @@ def check_full_kl_teachers(model_config, frozen: dict) -> None:
     policy's update batch: a teacher of another vocabulary or input layout is a ConfigError
     naming rl.mopd.estimator (k3 / logratio_advantage need only sampled-token log-probs)."""
     for label, f in frozen.items():
+        if FZ.is_served(f):
+            raise ConfigError(f"config key rl.mopd.estimator = 'full_kl' is invalid with a served teacher "
+                              f"({f.key} = {f.url!r}): it needs the teacher's logits on the mesh; use 'k3' or "
+                              f"'logratio_advantage'")
         mc = f.model_config
         diff = [f"vocab_size {mc.text.vocab_size} != {model_config.text.vocab_size}"] * (
             mc.text.vocab_size != model_config.text.vocab_size)
@@ -162,7 +166,8 @@ def setup(config, mesh, tokenizer, *, materialize: bool = True) -> tuple[Stage2,
     frozen: dict[str, FZ.Frozen] = {}
     if config.method == "grpo":
         if rl.reference or (not materialize and lora is None):
-            frozen["reference"] = FZ.load("reference", rl.reference, config, mesh, tokenizer, materialize=materialize)
+            frozen["reference"] = FZ.load("reference", rl.reference, config, mesh, tokenizer, materialize=materialize,
+                                          key="rl.reference")
         elif lora is not None:   # the base without the adapter: no second copy of the weights
             frozen["reference"] = FZ.Frozen("reference", graphdef, base, model_config)
         else:  # the starting policy
@@ -170,7 +175,8 @@ def setup(config, mesh, tokenizer, *, materialize: bool = True) -> tuple[Stage2,
                                                  model_factory.dtype_of(config.model.dtype, "model.dtype"), param_sh)
     else:
         for label, spec in rl.teachers.items():
-            frozen[label] = FZ.load(f"teacher_{label}", spec, config, mesh, tokenizer, materialize=materialize)
+            frozen[label] = FZ.load(f"teacher_{label}", spec, config, mesh, tokenizer, materialize=materialize,
+                                    key=f"rl.teachers.{label}")
     state, state_sh = sharded_state(params, tx, param_sh, mesh, materialize=materialize)
     del params
     banned = RO.vision_token_ids(model_config)

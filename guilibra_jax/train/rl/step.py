@@ -9,7 +9,8 @@ micro-batch axis [M, ...], in one of two layouts: whole sequences
     ref_logp [B, T]        GRPO: under the frozen reference; MOPD: under the rollout's
                            platform teacher (routed per sequence before the batch is built)
     advantages [B]         per sequence (after SNGS / the pass-rate floor)
-    kl_mask [B]            MOPD's KL weight per sequence (μ_g, or advantages.kl_weights'; 1 for GRPO)
+    kl_mask [B]            KL weight per sequence (MOPD: μ_g, or advantages.kl_weights'; GRPO: 1;
+                           both: 0 where a served scorer failed)
     teacher_index [B]      MOPD full_kl only: the row's teacher (frozen.teacher_index), with
                            the teachers' parameters as ``teacher_params`` (no micro axis)
 
@@ -148,7 +149,7 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, lo
         mask = valid.astype(jnp.float32)
         if loss == "grpo":
             num, den, sums = losses.grpo_loss_terms(logp, micro["old_logp"], micro["ref_logp"], micro["advantages"],
-                                                    mask, **kw)
+                                                    mask, kl_rows=micro.get("kl_mask"), **kw)
         else:
             num, den, sums = losses.mopd_loss_terms(logp, micro["old_logp"], micro["ref_logp"], micro["advantages"],
                                                     mask, micro["kl_mask"], token_kl=token_kl, **kw)

@@ -9,12 +9,14 @@ import time
 import jax
 import numpy as np
 
+from guilibra_jax import served_scorer as SV
 from guilibra_jax.data.pipeline import make_rl_loader
 from guilibra_jax.train import data_source
 from guilibra_jax.train import multihost as MH
 from guilibra_jax.train.config import check_teachers
 from guilibra_jax.train.lora_state import export_adapter
 from guilibra_jax.train.rl import advantages as ADV
+from guilibra_jax.train.rl import frozen as FZ
 from guilibra_jax.train.rl import phases as PH
 from guilibra_jax.train.rl.online import OnlinePrompts
 from guilibra_jax.train.rl.plan import plan_stage2
@@ -58,6 +60,8 @@ class RLTrainer:
         self.eval_at_start = True   # the starting (SFT) policy, for comparison
         self.prompts = None
         self.base_key = jax.random.PRNGKey(self.config.data.seed + 7919 * self.config.model.seed)
+        limit = self.config.rl.served.max_failed_steps
+        self.served_watch = {f.name: SV.FailedSteps(f.key, limit) for f in s.frozen.values() if FZ.is_served(f)}
 
     @classmethod
     def build(cls, config, workdir: str, mesh, tokenizer):
@@ -102,6 +106,7 @@ class RLTrainer:
         t3 = time.time()
         row = PH.rollout_metrics(c, adv, self.config.method, rl.max_new_tokens, rl.group_filter.enabled)  # collective
         row.update({k: float(v) for k, v in metrics.items()})
+        row.update(PH.served_metrics(s, scores, self.served_watch))   # collective
         row.update(sample_s=t1 - t0, score_s=t2 - t1, update_s=t3 - t2, step_s=t3 - t0)
         row.update(data_source.drop_metrics(prompts))   # process 0's record counts
         if hasattr(prompts, "metrics"):                  # process 0's episodes (rl.world)

@@ -1,0 +1,350 @@
+"""Served scorers (``guilibra_jax/served_scorer.py``): a teacher / reference given as the URL
+of an OpenAI-compatible server. The server here is a standard-library HTTP server in a
+thread that implements the subset of vLLM's completions API the client uses (token-id
+prompts, ``prompt_logprobs``, ``return_token_ids``, ``/v1/models``) over OUR tiny JAX
+model: raw log-probs (temperature 1, no banned tokens), by a direct forward pass
+independent of the trainer's scorers. Stages are test_learning.py's (the trainer's real
+phases) on text-only prompts, with the scorers' ban off (``banned=()``) as vLLM's is.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import http.server
+import json
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from guilibra_jax import generate as G
+from guilibra_jax import served_scorer as SV
+from guilibra_jax.errors import ConfigError
+from guilibra_jax.train import config as C
+from guilibra_jax.train.rl import frozen as FZ
+from guilibra_jax.train.rl import phases as PH
+from guilibra_jax.train.rl import rollout as RO
+from tests.train.test_learning import (DESKTOP_TEACHER, MOBILE_TEACHER, frozen_model, make_config, make_stage,
+                                       patched_reward, teacher, train)
+from tests.train.test_rl import rl_batch, tiny
+
+URL_PAD = 48     # the server right-pads sequences to this many tokens (one compile)
+
+
+@functools.lru_cache(maxsize=None)
+def _forward():
+    _, graphdef, _ = tiny()
+
+    @jax.jit
+    def fn(params, ids):
+        model = nnx.merge(graphdef, params)
+        T = ids.shape[1]
+        pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (3, 1, T))
+        h = model.hidden_states(ids, pos, jnp.ones_like(ids))
+        return jax.nn.log_softmax(model.logits_from_hidden(h).astype(jnp.float32), axis=-1)[0]   # [T, V]
+
+    return fn
+
+
+def raw_prompt_logprobs(params, seq) -> list:
+    """vLLM's ``prompt_logprobs`` (``prompt_logprobs: 0``) of ``seq`` under ``params``."""
+    ids = np.zeros((1, URL_PAD), np.int32)
+    ids[0, :len(seq)] = seq
+    lp = np.asarray(_forward()(params, jnp.asarray(ids)))
+    return [None] + [{str(seq[j]): {"logprob": float(lp[j - 1, seq[j]]), "rank": 1, "decoded_token": "x"}}
+                     for j in range(1, len(seq))]
+
+
+class Server:
+    """A vLLM-like completions server over ``params`` in a thread (``with`` block). Faults:
+    ``fail_first`` requests answer HTTP 500; requests holding a sequence that starts with a
+    token of ``fail_tokens`` always answer 500; ``shift``: log-probs keyed by the previous
+    token (a server that scores other tokens)."""
+
+    def __init__(self, params, *, fail_first=0, fail_tokens=(), shift=False, token_ids=True):
+        self.params, self.fail_first, self.fail_tokens = params, fail_first, set(fail_tokens)
+        self.shift, self.token_ids = shift, token_ids
+        self.requests = 0
+        self.bodies: list[dict] = []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _reply(self, code, obj):
+                data = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._reply(200, {"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                self._reply(*server.answer(body))
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def answer(self, body):
+        self.requests += 1
+        self.bodies.append(body)
+        prompts = body["prompt"]
+        if self.requests <= self.fail_first or any(p[0] in self.fail_tokens for p in prompts):
+            return 500, {"error": "injected"}
+        choices = []
+        for i, seq in enumerate(prompts):
+            lps = raw_prompt_logprobs(self.params, seq)
+            if self.shift:
+                lps = [None] + [{str(seq[j - 1]): v for v in e.values()} for j, e in enumerate(lps) if e]
+            c = {"index": i, "text": "x", "finish_reason": "length", "prompt_logprobs": lps}
+            if self.token_ids and body.get("return_token_ids"):
+                c["prompt_token_ids"] = list(seq)
+            choices.append(c)
+        return 200, {"object": "text_completion", "model": body["model"], "choices": choices}
+
+    def __enter__(self):
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def scorer(key, url, **kw):
+    return SV.ServedScorer(key, url, **{"timeout": 30.0, "retries": 2, "backoff": 0.01, "rows_per_request": 2,
+                                        "concurrency": 3, **kw})
+
+
+def text_prompts(platforms=("desktop", "mobile")):
+    """An RL batch of text-only prompts (no image: what the completions API takes)."""
+    cfg = tiny()[0]
+    rng = np.random.default_rng(3)
+    ps = [(rng.integers(0, cfg.text.vocab_size - 8, 5 + 3 * i).tolist(),) for i in range(len(platforms))]
+    p = G.prepare_prompts(ps, cfg, pad_id=0)
+    n = len(platforms)
+    return {"prompt_ids": p["prompt_ids"], "prompt_mask": p["prompt_mask"], "positions": p["positions"],
+            "rope_deltas": p["rope_deltas"], "pixel_values": None, "row_valid": np.ones(n, bool),
+            "reward_targets": [None] * n, "platform": list(platforms), "resized_size": [(84, 56)] * n}
+
+
+def stage(frozen, *, share=False, steps=1, **rl):
+    config = make_config("mopd", lr=1e-3, steps=steps, max_new_tokens=3, share_prefill=share, normalize_std=False,
+                         **{"mopd.kl_mask": "off", **rl})
+    s, state = make_stage(config, frozen)
+    return dataclasses.replace(s, banned=()), state     # scorers as vLLM's: no banned tokens
+
+
+def rollout(s, params, batch=None):
+    ro = PH.rollout(s, params, text_prompts() if batch is None else batch, jax.random.PRNGKey(5))
+    assert ro.rows == 16 and ro.lengths.min() >= 1
+    return ro
+
+
+# ----------------------------------------------------------------------------- (a) exact log-probs
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["whole_rows", "shared"])
+def test_served_log_probs_equal_on_mesh_scoring_of_the_same_model(share):
+    """Both teachers' log-probs through the server equal the on-mesh scorer's of the same
+    models on the same rows (float32, 2e-5), in both layouts; a server one token off fails."""
+    params = tiny()[2]
+    on_mesh = {"desktop": frozen_model("teacher_desktop", teacher(DESKTOP_TEACHER)),
+               "mobile": frozen_model("teacher_mobile", teacher(MOBILE_TEACHER))}
+    s, _ = stage(on_mesh, share=share)
+    ro = rollout(s, params)
+    want = PH.score(s, params, ro)
+    with Server(teacher(DESKTOP_TEACHER)) as d, Server(teacher(MOBILE_TEACHER)) as m:
+        served = {"desktop": scorer("rl.teachers.desktop", d.url), "mobile": scorer("rl.teachers.mobile", m.url)}
+        got = PH.score(dataclasses.replace(s, frozen=served), params, ro)
+    assert d.requests == 4 and m.requests == 4       # 8 rows each, 2 per request
+    assert d.bodies[0]["prompt_logprobs"] == 0 and d.bodies[0]["max_tokens"] == 1 and d.bodies[0]["model"] == "tiny"
+    on = want.seq["response_mask"] > 0 if share else np.abs(want.ref_logp) > 0
+    assert on.sum() == ro.lengths.sum() and np.all(got.kl_ok)
+    err = np.abs(got.ref_logp - want.ref_logp).max()
+    print(f"\nmax |served - on-mesh| = {err:.2e} over {on.sum()} tokens")
+    assert err < 2e-5
+    assert got.served == {"desktop": [8, 8], "mobile": [8, 8]}
+    assert np.abs(np.roll(got.ref_logp, 1, axis=1) - want.ref_logp)[on].max() > 0.1    # shifted by one: fails
+
+
+# ----------------------------------------------------------------------------- (b) a MOPD run
+
+
+def mopd_rows(frozen, steps=3):
+    s, state = stage(frozen, steps=steps)
+    reward = lambda s_, ro: RO.Scored(np.where(np.array(ro.platform) == "desktop", 1.0, -1.0).astype(np.float32)
+                                      * (ro.tokens[:, 0] % 2), np.zeros(ro.rows, bool), {})
+    with patched_reward(reward):
+        state, _, rows, _ = train(s, state, steps, lambda p: 0.0, batch=text_prompts())
+    return state, rows
+
+
+def test_mopd_run_with_one_served_teacher_equals_the_all_on_mesh_run():
+    """Three trainer steps, desktop teacher on the mesh and mobile teacher served, equal
+    the run with both on the mesh: loss, KL and grad norm per step, and the final params."""
+    desktop = frozen_model("teacher_desktop", teacher(DESKTOP_TEACHER))
+    ref_state, ref_rows = mopd_rows({"desktop": desktop, "mobile": frozen_model("teacher_mobile",
+                                                                                teacher(MOBILE_TEACHER))})
+    with Server(teacher(MOBILE_TEACHER)) as m:
+        state, rows = mopd_rows({"desktop": desktop, "mobile": scorer("rl.teachers.mobile", m.url)})
+    for want, got in zip(ref_rows, rows):
+        print(f"\nloss {want['loss']:.6f} / {got['loss']:.6f}, kl {want['kl']:.6f} / {got['kl']:.6f}")
+        assert got["served/mobile/ok"] == 8 and got["served/mobile/dropped_rows"] == 0
+        for key in ("loss", "kl", "grad_norm", "ratio_mean", "reward_mean"):
+            assert abs(got[key] - want[key]) <= 1e-5 * max(1.0, abs(want[key])), key
+    assert ref_rows[0]["kl"] > 1e-3
+    diff = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(state["params"]),
+                                                            jax.tree.leaves(ref_state["params"])))
+    assert diff < 1e-6, diff
+
+
+# ----------------------------------------------------------------------------- (c) other tokens
+
+
+@pytest.mark.parametrize("fault", ["shifted_logprobs", "other_token_ids"])
+def test_a_server_scoring_other_tokens_is_a_one_line_error_naming_the_key(fault):
+    params = tiny()[2]
+    s, _ = stage({"desktop": frozen_model("d", teacher(DESKTOP_TEACHER)), "mobile": None})
+    ro = rollout(s, params)
+    with Server(teacher(MOBILE_TEACHER), shift=fault == "shifted_logprobs") as m:
+        if fault == "other_token_ids":
+            m.answer = _with_other_ids(m.answer)
+        frozen = {"desktop": s.frozen["desktop"], "mobile": scorer("rl.teachers.mobile", m.url)}
+        with pytest.raises(ConfigError) as e:
+            PH.score(dataclasses.replace(s, frozen=frozen), params, ro)
+    msg = str(e.value)
+    print("\n" + msg)
+    assert "\n" not in msg and "config key rl.teachers.mobile" in msg and "first difference at position" in msg
+    assert m.requests <= 4                               # not retried
+
+
+def _with_other_ids(answer):
+    def wrapped(body):
+        code, reply = answer(body)
+        for c in reply.get("choices", []):
+            c["prompt_token_ids"][2] += 1
+        return code, reply
+    return wrapped
+
+
+def test_prompts_with_images_are_a_one_line_error_for_a_served_scorer():
+    params = tiny()[2]
+    s, _ = stage({"*": frozen_model("d", teacher(DESKTOP_TEACHER))})
+    ro = rollout(s, params, rl_batch(tiny()[0], n_prompts=2))
+    with pytest.raises(ConfigError, match=r"config key rl.teachers.\* .*text-only prompts"):
+        PH.score(dataclasses.replace(s, frozen={"*": scorer("rl.teachers.*", "http://127.0.0.1:9/v1#m")}), params, ro)
+
+
+# ----------------------------------------------------------------------------- (d) failures
+
+
+def test_http_500_then_ok_is_retried_and_scores_every_row():
+    params = tiny()[2]
+    s, _ = stage({"*": None})
+    ro = rollout(s, params)
+    with Server(teacher(MOBILE_TEACHER), fail_first=2) as m:
+        sv = scorer("rl.teachers.*", m.url, concurrency=1)
+        got = PH.score(dataclasses.replace(s, frozen={"*": sv}), params, ro)
+    assert np.all(got.kl_ok) and got.served == {"*": [16, 16]}
+    assert sv.counts["http_500"] == 2 and sv.counts["ok"] == 8 and m.requests == 10
+
+
+def test_permanently_failing_rows_are_dropped_from_the_kl_term_and_counted():
+    """The server always fails requests holding the first prompt's rows (rows_per_request 1):
+    those 8 rows get KL weight 0 (ref_logp = old_logp), the step's metrics count them, and
+    the update equals the all-on-mesh update whose KL mask is off on exactly those rows."""
+    params = tiny()[2]
+    mobile = teacher(MOBILE_TEACHER)
+    s, state = stage({"*": frozen_model("m", mobile)}, **{"mopd.kl_mask": "paper"})
+    ro = rollout(s, params)
+    bad = int(ro.prompt_ids[0][ro.prompt_mask[0] > 0][0])
+    dropped = np.array([int(ro.prompt_ids[r][ro.prompt_mask[r] > 0][0]) == bad for r in range(ro.rows)])
+    assert dropped.sum() == 8
+    with Server(mobile, fail_tokens=[bad]) as m:
+        sv = scorer("rl.teachers.*", m.url, rows_per_request=1)
+        s_sv = dataclasses.replace(s, frozen={"*": sv})
+        got = PH.score(s_sv, params, ro)
+    assert np.array_equal(got.kl_ok, ~dropped) and got.served == {"*": [16, 8]}
+    assert sv.counts["failed_requests"] == 8 and sv.counts["http_500"] == 8 * 3      # 1 + 2 retries each
+    assert np.array_equal(got.ref_logp[dropped], got.old_logp[dropped])
+    metrics = PH.served_metrics(s_sv, got, {"*": SV.FailedSteps("rl.teachers.*", 3)})
+    assert metrics == {"served/*/rows": 16, "served/*/ok": 8, "served/*/dropped_rows": 8}
+
+    want = PH.score(s, params, ro)
+    adv = {"advantages": np.linspace(-1, 1, ro.rows).astype(np.float32), "kl_mask": np.ones(ro.rows, np.float32)}
+    run = lambda sc, a: PH.update(s, jax.tree.map(jnp.copy, state), ro, a, sc)[1]
+    m_got = run(got, adv)
+    m_want = run(want, dict(adv, kl_mask=(~dropped).astype(np.float32)))
+    m_all = run(want, adv)
+    print(f"\nloss {m_got['loss']:.6f} (on-mesh, mask off on the dropped rows {m_want['loss']:.6f}; all rows "
+          f"{m_all['loss']:.6f}); kl_mask_fraction {m_got['kl_mask_fraction']:.3f}")
+    for key in ("loss", "kl", "grad_norm", "kl_mask_fraction"):
+        assert abs(float(m_got[key]) - float(m_want[key])) <= 1e-5 * max(1.0, abs(float(m_want[key]))), key
+    assert bool(m_got["update_ok"]) and abs(float(m_got["kl_mask_fraction"]) - 0.5) < 1e-6
+    assert abs(float(m_all["loss"]) - float(m_got["loss"])) > 1e-4        # the dropped rows did carry a KL
+
+
+def test_a_scorer_failing_every_row_stops_the_run_after_max_failed_steps():
+    w = SV.FailedSteps("rl.teachers.mobile", 3)
+    for ok in (0, 0, 5, 0, 0):       # a step with a scored row resets the count
+        w.note(ok, 8, "http_500 9")
+    w.note(3, 0)                     # no rows to score: not a failed step
+    with pytest.raises(RuntimeError, match=r"^config key rl.teachers.mobile: .* 3 consecutive steps \(http_500 9\)"):
+        w.note(0, 8, "http_500 9")
+    never = SV.FailedSteps("rl.reference", 0)
+    for _ in range(10):
+        never.note(0, 8)
+
+
+# ----------------------------------------------------------------------------- (e) config
+
+
+def mopd_config(**teachers):
+    c = C.base_config()
+    c.method, c.data.method, c.data.synthetic.enabled = "mopd", "mopd", True
+    c.rl.teachers = teachers
+    return c
+
+
+def test_config_accepts_served_urls_and_rejects_bad_ones_naming_the_key():
+    C.validate(mopd_config(desktop="http://10.0.0.5:8000/v1", mobile="https://teach.example/v1#Qwen3-VL-32B"))
+    FZ.check_spec("rl.teachers.desktop", "http://10.0.0.5:8000/v1")         # no folder check
+    g = C.base_config()
+    g.method, g.data.method, g.rl.reference = "grpo", "guilibra", "http://ref:8000/v1"
+    g.data.synthetic.enabled = True
+    C.validate(g)
+    for bad, why in [("ftp://host/v1", "http:// or https://"), ("http://", "a URL with a host"),
+                     ("http://h:99999/v1", "malformed URL"), ("http://a b/v1", "a URL with a host")]:
+        for check in (lambda: C.validate(mopd_config(desktop="random:1", mobile=bad)),
+                      lambda: FZ.check_spec("rl.teachers.mobile", bad)):
+            with pytest.raises(ConfigError) as e:
+                check()
+            assert str(e.value).startswith(f"config key rl.teachers.mobile = {bad!r} is invalid") and why in str(e.value)
+            assert "\n" not in str(e.value)
+    g.rl.reference = "ftp://ref/v1"
+    with pytest.raises(ConfigError, match=r"^config key rl.reference = 'ftp://ref/v1'"):
+        C.validate(g)
+
+
+def test_full_kl_and_other_temperatures_refuse_a_served_scorer():
+    c = mopd_config(desktop="random:1", mobile="http://h:8000/v1")
+    c.rl.mopd.estimator = "full_kl"
+    with pytest.raises(ConfigError, match=r"^config key rl.mopd.estimator = 'full_kl' is invalid: .*rl.teachers.mobile"):
+        C.validate(c)
+    c.rl.mopd.estimator, c.rl.temperature = "k3", 0.7
+    with pytest.raises(ConfigError, match=r"^config key rl.temperature = 0.7 is invalid: .*served"):
+        C.validate(c)
+    for key, value in [("rl.served.rows_per_request", 0), ("rl.served.timeout", 0), ("rl.served.retries", -1)]:
+        c = mopd_config(desktop="http://h:8000/v1")
+        c.rl.served[key.split(".")[-1]] = value
+        with pytest.raises(ConfigError, match=f"^config key {key} = "):
+            C.validate(c)
