@@ -56,6 +56,19 @@ its 1,024 rollouts at up to 32,768 patches each, and one 8.7K-token row's activa
 hosts need 72.6 GiB (fsdp 8 x tensor 2), just over the 72 usable. The smallest layout that
 fits is ``4x8``.
 
+``:served``: the student alone on 1 x 8 H100 80GB (mesh fsdp 8), the two teachers served
+elsewhere (``rl.teachers`` are URLs of vLLM servers, ``guilibra_jax/served_scorer.py``: no
+teacher weights on these GPUs; ``launch.plan`` counts none). Updates of 32 groups (256
+rollouts, one row per GPU per micro-batch) instead of 128, so the update's inputs fit; set
+the teachers' URLs:
+
+    python -m launch.train --config=configs/mopd.py:served --workdir=DIR \
+        --config.model.hf_path=/models/Qwen3-VL-8B-Thinking --config.data.train_files=/data/uni-gui \
+        --config.rl.teachers.desktop=http://teacher-desktop:8000/v1 \
+        --config.rl.teachers.mobile=http://teacher-mobile:8000/v1
+
+(served scorers take text-only prompts for now: see the limits in served_scorer.py.)
+
 Hardware: 8 x 8 H100 80GB (``:8x8``, the paper) or 4 x 8 H100 80GB (``:4x8``), or a
 TPU v5p-128 (4x4x4, 64 chips) (``:v5p_4x4x4``: 16 TPU VMs, mesh fsdp 16 x tensor 4), or a
 TPU v5p-64 (2x4x4, 32 chips) (``:v5p_2x4x4``: 8 TPU VMs, mesh fsdp 16 x tensor 2).
@@ -64,9 +77,10 @@ TPU v5p-64 (2x4x4, 32 chips) (``:v5p_2x4x4``: 8 TPU VMs, mesh fsdp 16 x tensor 2
 import ml_collections as mlc
 
 from configs.mopd_teacher_sft import PIXELS
-from guilibra_jax.train.config import H100_4x8, H100_8x8, V5P_2x4x4, V5P_4x4x4, base_config, hardware
+from guilibra_jax.train.config import H100_1x8, H100_4x8, H100_8x8, V5P_2x4x4, V5P_4x4x4, base_config, hardware
 
-ARGS = ("8x8", "4x8", "v5p_4x4x4", "v5p_2x4x4")
+ARGS = ("8x8", "4x8", "v5p_4x4x4", "v5p_2x4x4", "served")
+SERVED_TEACHERS = {"desktop": "http://teacher-desktop:8000/v1", "mobile": "http://teacher-mobile:8000/v1"}
 
 
 def get_config(arg="8x8"):
@@ -121,6 +135,12 @@ def get_config(arg="8x8"):
     if arg == "8x8":
         c.hardware = hardware(*H100_8x8)
         c.mesh.fsdp, c.mesh.tensor = 16, 4
+    elif arg == "served":        # the student alone on one host; the teachers are served elsewhere
+        c.hardware = hardware(*H100_1x8)
+        c.mesh.fsdp, c.mesh.tensor = 8, 1
+        c.rl.teachers = mlc.ConfigDict(dict(SERVED_TEACHERS))   # placeholders: set both to your servers
+        c.rl.teacher_model_name = ""
+        c.rl.update_groups = 32   # 256 rollouts per update: the update's inputs fit one host
     elif arg == "v5p_4x4x4":     # 64 chips on 16 TPU VMs, the 8x8 layout (tensor 4 within a host)
         c.hardware = hardware(*V5P_4x4x4)
         c.mesh.fsdp, c.mesh.tensor = 16, 4
@@ -132,6 +152,8 @@ def get_config(arg="8x8"):
         c.mesh.fsdp, c.mesh.tensor = 16, 2
     # one row per FSDP group per micro-batch (16 rows x 64 micro-batches)
     c.train.grad_accum = 1024 // c.mesh.fsdp
+    if arg == "served":   # one row per GPU per micro-batch; the sampler's KV cache bounded by 64 rows
+        c.train.grad_accum, c.rl.generation_rows, c.rl.score_rows = 32, 64, 64
     if arg == "8x8":   # a group's 8 responses per FSDP group: its prompt once (launch.plan: 28.4 GiB)
         c.train.grad_accum, c.rl.score_rows = 8, 128
     c.train.steps = 3200

@@ -28,9 +28,11 @@ def shrink(c, tokenizer_dir: str):
     c.data.patch_bucket = 64
     c.rl.max_new_tokens = 16
     c.rl.teacher_model_name = ""
-    c.rl.reference = ""
-    if c.method == "mopd":   # teachers from earlier runs: random ones of the same (tiny) architecture
-        c.rl.teachers = {label: f"random:{i + 1}" for i, label in enumerate(c.rl.teachers)}
+    if "://" not in c.rl.reference:   # a served reference (a URL) stays: nothing of it is planned
+        c.rl.reference = ""
+    if c.method == "mopd":   # teachers from earlier runs: random ones of the same (tiny) architecture; served ones stay
+        c.rl.teachers = {label: spec if "://" in spec else f"random:{i + 1}"
+                         for i, (label, spec) in enumerate(c.rl.teachers.items())}
     return c
 
 
