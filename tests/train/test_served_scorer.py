@@ -348,3 +348,36 @@ def test_full_kl_and_other_temperatures_refuse_a_served_scorer():
         c.rl.served[key.split(".")[-1]] = value
         with pytest.raises(ConfigError, match=f"^config key {key} = "):
             C.validate(c)
+
+
+def test_grpo_served_reference_scores_as_on_mesh_and_its_failed_rows_carry_no_kl():
+    """GRPO's rl.reference served: its log-probs equal the on-mesh reference's; rows the
+    server cannot score get no KL (the update's KL metric is the by-hand K3 mean over the
+    other rows' tokens) while their policy-gradient term stays."""
+    params = tiny()[2]
+    ref = teacher(7)
+    config = make_config("grpo", lr=1e-3, steps=1, max_new_tokens=3, kl_beta=0.5)
+    s, state = make_stage(config, {"reference": frozen_model("reference", ref)})
+    s = dataclasses.replace(s, banned=())
+    ro = rollout(s, params)
+    want = PH.score(s, params, ro)
+    bad = int(ro.prompt_ids[-1][ro.prompt_mask[-1] > 0][0])
+    dropped = np.array([int(ro.prompt_ids[r][ro.prompt_mask[r] > 0][0]) == bad for r in range(ro.rows)])
+    with Server(ref) as ok_server, Server(ref, fail_tokens=[bad]) as failing:
+        full = PH.score(dataclasses.replace(s, frozen={"reference": scorer("rl.reference", ok_server.url)}), params, ro)
+        part = PH.score(dataclasses.replace(s, frozen={"reference": scorer("rl.reference", failing.url,
+                                                                           rows_per_request=1)}), params, ro)
+    assert np.abs(full.ref_logp - want.ref_logp).max() < 2e-5 and np.all(full.kl_ok)
+    assert np.array_equal(part.kl_ok, ~dropped) and part.served == {"reference": [16, 8]}
+    adv = {"advantages": np.linspace(-1, 1, ro.rows).astype(np.float32), "kl_mask": np.ones(ro.rows, np.float32)}
+    m = PH.update(s, jax.tree.map(jnp.copy, state), ro, adv, part)[1]
+    m_all = PH.update(s, jax.tree.map(jnp.copy, state), ro, adv, full)[1]
+    on = np.abs(want.ref_logp) > 0
+    d = want.ref_logp - want.old_logp
+    k3 = np.exp(d) - d - 1
+    by_hand = k3[on & ~dropped[:, None]].mean()
+    print(f"\nkl {float(m['kl']):.6f} (by hand over the scored rows {by_hand:.6f}; all rows {float(m_all['kl']):.6f})")
+    assert abs(float(m["kl"]) - by_hand) < 1e-4 * max(1.0, by_hand)
+    assert abs(float(m_all["kl"]) - k3[on].mean()) < 1e-4 * max(1.0, k3[on].mean())
+    assert abs(by_hand - k3[on].mean()) > 0.05 * by_hand
+    assert abs(float(m["kl_mask_fraction"]) - 0.5) < 1e-6 and bool(m["update_ok"])
