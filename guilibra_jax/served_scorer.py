@@ -33,8 +33,9 @@ Limits:
 Failures: retries with backoff, timeouts and counting by reason are
 :mod:`guilibra_jax.chat_endpoint`'s (:func:`~guilibra_jax.chat_endpoint.with_retries`);
 malformed replies (no ``choices``, a wrong count, no log-prob for a token) are retried. A
-request that fails every attempt leaves its rows unscored (``None``): the caller drops
-them from the KL term and counts them. :class:`FailedSteps` stops a run after
+request that fails every attempt leaves its rows unscored (``None``), as does every row
+of a call while the server cannot even list its models: the caller drops them from the KL
+term and counts them. :class:`FailedSteps` stops a run after
 ``rl.served.max_failed_steps`` consecutive steps in which a scorer scored none of its rows.
 """
 
@@ -165,16 +166,14 @@ class ServedScorer:
         self._lock = threading.Lock()
         self._rng = random.Random(seed)
 
-    @property
-    def model(self) -> str:
-        """The model name sent: the URL's ``#<name>``, else the first the server lists."""
+    def model(self) -> str | None:
+        """The model name sent: the URL's ``#<name>``, else the first the server lists
+        (None while the server cannot be reached: the rows of that call go unscored)."""
         if not self._model:
-            value, _, _, error = CE.with_retries(self._list_models, self.retries, self._delay, lambda r: None)
-            if value is None:
-                raise ConnectionError(f"config key {self.key}: cannot list the models at "
-                                      f"{models_url(self.completions)} ({error}); is the server up?")
-            self._model = value
-        return self._model
+            self._model, _, _, _ = CE.with_retries(self._list_models, self.retries, self._delay,
+                                                   lambda r: self._count(f"models_{r}"))
+            self._model = self._model or ""
+        return self._model or None
 
     def score(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> list:
         """Per row: its response tokens' log-probs [len(response)] (float32), or None when
@@ -183,7 +182,9 @@ class ServedScorer:
             return []
         seqs = [list(map(int, p)) + list(map(int, r)) for p, r in zip(prompts, responses)]
         n_prompt = [len(p) for p in prompts]
-        self.model  # noqa: B018 - resolved once, before the threads
+        if self.model() is None:       # resolved once, before the threads
+            self._count("failed_requests")
+            return [None] * len(seqs)
         n = self.rows_per_request
         parts = [(seqs[i:i + n], n_prompt[i:i + n], i) for i in range(0, len(seqs), n)]
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(parts))) as pool:

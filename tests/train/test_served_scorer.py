@@ -381,3 +381,13 @@ def test_grpo_served_reference_scores_as_on_mesh_and_its_failed_rows_carry_no_kl
     assert abs(float(m_all["kl"]) - k3[on].mean()) < 1e-4 * max(1.0, k3[on].mean())
     assert abs(by_hand - k3[on].mean()) > 0.05 * by_hand
     assert abs(float(m["kl_mask_fraction"]) - 0.5) < 1e-6 and bool(m["update_ok"])
+
+
+def test_an_unreachable_server_leaves_rows_unscored_never_zero():
+    """No server on the port: every row comes back unscored (None), counted, no exception."""
+    with Server(teacher(MOBILE_TEACHER)) as m:
+        url = m.url
+    sv = scorer("rl.teachers.mobile", url, retries=1)
+    got = sv.score([[1, 2, 3], [4, 5]], [[6, 7], [8]])
+    assert got == [None, None]
+    assert sv.counts["models_connection"] == 2 and sv.counts["failed_requests"] == 1

@@ -209,7 +209,8 @@ def score(s: Stage2, params, ro: RO.Rollout) -> Scores:
         # (per process, no collective: a served scorer gets this process's rows)
         logp, scored = FZ.serve(f, ro, rows, n_slots, shared)
         sent = ro.valid[rows] & (ro.lengths[rows] > 0)
-        served[f.name] = [a + b for a, b in zip(served.get(f.name, [0, 0]), (int(sent.sum()), int((sent & scored).sum())))]
+        before = served.get(f.name, [0, 0])
+        served[f.name] = [before[0] + int(sent.sum()), before[1] + int((sent & scored).sum())]
         return logp, scored
 
     ref = s.frozen["reference"] if s.method == "grpo" else None
