@@ -61,7 +61,7 @@ elsewhere (``rl.teachers`` are URLs of vLLM servers, ``guilibra_jax/served_score
 teacher weights on these GPUs; ``launch.plan`` counts none). Updates of 32 groups (256
 rollouts, one row per GPU per micro-batch) instead of 128, so the update's inputs fit
 (``launch.plan``: 54.6 GiB per GPU of 72 usable, the update's peak;
-``benchmarks/results/plan-mopd-served.json``); set the teachers' URLs:
+``benchmarks/results/plan-mopd-qwen3_vl_8b-served-cpu.json``); set the teachers' URLs:
 
     python -m launch.train --config=configs/mopd.py:served --workdir=DIR \
         --config.model.hf_path=/models/Qwen3-VL-8B-Thinking --config.data.train_files=/data/uni-gui \
