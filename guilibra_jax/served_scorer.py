@@ -7,7 +7,7 @@ Protocol (the shapes of vLLM's ``vllm/entrypoints/openai/completion/protocol.py`
 one ``POST <url>/completions`` per ``rl.served.rows_per_request`` rows, with
 
     {"model": M, "prompt": [[prompt ids + response ids], ...], "max_tokens": 1,
-     "temperature": 0.0, "prompt_logprobs": 0, "return_token_ids": true}
+     "temperature": 0.0, "prompt_logprobs": 0, "return_token_ids": true, "add_special_tokens": false}
 
 ``prompt`` as lists of token ids: the server tokenizes nothing, so it scores exactly our
 tokens. The reply's ``choices[i]`` (ordered by ``index``) carries ``prompt_logprobs``: one
@@ -21,9 +21,13 @@ server lists first at ``<url>/models`` unless the URL ends in ``#<model name>``.
 
 Limits:
 * vLLM's completions API takes no images: rows whose prompt holds an image are a one-line
-  error (not scored). Images would need the chat API (``ChatCompletionRequest`` has
-  ``prompt_logprobs`` too) with our prompt rebuilt as messages and the server's
-  tokenization checked the same way: not built.
+  error (not scored). Images would need the chat API (same commit,
+  ``vllm/entrypoints/openai/chat_completion/protocol.py``: ``ChatCompletionRequest`` takes
+  ``prompt_logprobs``, ``chat_template`` and ``mm_processor_kwargs``;
+  ``ChatCompletionResponse`` returns ``prompt_logprobs`` and ``prompt_token_ids`` at its
+  top level) with our prompt rebuilt as text + images (a verbatim chat template, the
+  screenshot rebuilt from our pixel patches) and the server's expanded image tokens
+  checked against ours the same way: not built.
 * vLLM's prompt log-probs are of the raw logits (``--logprobs-mode`` raw_logprobs, its
   default): temperature 1 over the whole vocabulary. ``rl.temperature`` must be 1.0 (a
   ConfigError otherwise) and the vision tokens our on-mesh scorers ban are not excluded
@@ -90,7 +94,7 @@ def models_url(completions: str) -> str:
 def request_body(model: str, seqs: Sequence[Sequence[int]]) -> dict:
     """The completions request scoring ``seqs`` (token ids) in one call (module doc)."""
     return {"model": model, "prompt": [[int(t) for t in s] for s in seqs], "max_tokens": 1, "temperature": 0.0,
-            "prompt_logprobs": 0, "return_token_ids": True}
+            "prompt_logprobs": 0, "return_token_ids": True, "add_special_tokens": False}
 
 
 class Mismatch(Exception):
