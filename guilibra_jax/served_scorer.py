@@ -46,8 +46,10 @@ term and counts them. :class:`FailedSteps` stops a run after
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import random
+import re
 import threading
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -56,9 +58,12 @@ from typing import Sequence
 import numpy as np
 
 from guilibra_jax import chat_endpoint as CE
+from guilibra_jax.data import images as I
+from guilibra_jax.data import prompts as P
 from guilibra_jax.errors import ConfigError
 
 SCHEMES = ("http", "https")
+RETOKENIZED = "retokenized"    # a row whose response the server's tokenizer makes other tokens of (no KL)
 
 
 def is_url(spec: str) -> bool:
@@ -91,10 +96,103 @@ def models_url(completions: str) -> str:
     return completions[: -len("/completions")] + "/models"
 
 
+def chat_url(completions: str) -> str:
+    return completions[: -len("/completions")] + "/chat/completions"
+
+
 def request_body(model: str, seqs: Sequence[Sequence[int]]) -> dict:
     """The completions request scoring ``seqs`` (token ids) in one call (module doc)."""
     return {"model": model, "prompt": [[int(t) for t in s] for s in seqs], "max_tokens": 1, "temperature": 0.0,
             "prompt_logprobs": 0, "return_token_ids": True, "add_special_tokens": False}
+
+
+def chat_request_body(model: str, messages: list, min_pixels: int, max_pixels: int) -> dict:
+    """The chat completions request scoring one image row (module doc): the final assistant
+    turn continued, not closed; the server's image processor given our pixel bounds."""
+    return {"model": model, "messages": messages, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0,
+            "return_token_ids": True, "add_generation_prompt": False, "continue_final_message": True,
+            "add_special_tokens": False,
+            "mm_processor_kwargs": {"min_pixels": int(min_pixels), "max_pixels": int(max_pixels)}}
+
+
+# ----------------------------------------------------------------------------- image rows as chat messages
+_TURN_RE = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>\n", re.DOTALL)
+_VISION_RE = re.compile(r"<\|vision_start\|>(?:<\|image_pad\|>)+<\|vision_end\|>")
+
+
+def chat_messages(prompt_text: str, response_text: str, images: Sequence) -> list[dict]:
+    """The chat messages whose rendering by a Qwen chat template, final assistant turn left
+    open, is ``prompt_text + response_text``: each ``<|im_start|>role\\n...<|im_end|>\\n``
+    turn of the prompt (a string, or text and ``image_url`` parts where it holds vision
+    blocks: ``images`` in order, as PNG data URLs), then the assistant turn: the prompt's
+    generation prefix + the response. ValueError for a prompt of another layout."""
+    i = prompt_text.rfind(P.ASSISTANT_START)
+    if i < 0:
+        raise ValueError("the prompt does not end with an open assistant turn")
+    head, messages, pos, images = prompt_text[:i], [], 0, list(images)
+    for m in _TURN_RE.finditer(head):
+        if m.start() != pos:
+            break
+        pos = m.end()
+        messages.append({"role": m.group(1), "content": _content(m.group(2), images)})
+    if pos != len(head) or not messages:
+        raise ValueError(f"the prompt is not a sequence of chat turns (at character {pos})")
+    if images:
+        raise ValueError(f"{len(images)} images but fewer vision blocks in the prompt")
+    return messages + [{"role": "assistant", "content": prompt_text[i + len(P.ASSISTANT_START):] + response_text}]
+
+
+def _content(text: str, images: list):
+    """A turn's content: the text itself, or its parts around its vision blocks (consumes ``images``)."""
+    parts, last = [], 0
+    for m in _VISION_RE.finditer(text):
+        if not images:
+            raise ValueError("more vision blocks than images in the prompt")
+        parts += ([CE.text_part(text[last:m.start()])] if m.start() > last else []) + [CE.image_part(images.pop(0))]
+        last = m.end()
+    if not parts:
+        return text
+    return parts + ([CE.text_part(text[last:])] if last < len(text) else [])
+
+
+def canonical(tokenizer, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> bool:
+    """Whether ``response_ids`` are the tokens ``tokenizer`` makes of their text after the
+    prompt (re-encoded from the prompt's last ``<|im_start|>``: what a server that renders
+    the text tokenizes). A sampler may emit other splits of the same text."""
+    start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    prompt = [int(t) for t in prompt_ids]
+    k = max((j for j, t in enumerate(prompt) if t == start), default=0)
+    ids = prompt[k:] + [int(t) for t in response_ids]
+    text = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) == ids
+
+
+@dataclasses.dataclass
+class ChatRow:
+    """One image row's chat request: messages, our tokens (prompt + response), the prompt's
+    length, and the pixel bounds its screenshot was resized within."""
+
+    messages: list
+    seq: list
+    n_prompt: int
+    min_pixels: int
+    max_pixels: int
+
+
+def chat_row(tokenizer, prompt_ids: Sequence[int], response_ids: Sequence[int], pixels: Sequence[np.ndarray],
+             grids: Sequence[Sequence[int]], image_cfg: I.ImageProcessorConfig) -> ChatRow | str:
+    """The :class:`ChatRow` of a row (its prompt's images rebuilt from our pixel patches,
+    exactly as resized here), or :data:`RETOKENIZED` when its response is not the canonical
+    tokenization of its text (the server would score other tokens). ValueError for a
+    prompt that is no chat of turns."""
+    if not canonical(tokenizer, prompt_ids, response_ids):
+        return RETOKENIZED
+    decode = lambda ids: tokenizer.decode([int(t) for t in ids], skip_special_tokens=False,
+                                          clean_up_tokenization_spaces=False)
+    images = [I.patches_to_image(p, g, image_cfg) for p, g in zip(pixels, grids)]
+    seq = [int(t) for t in prompt_ids] + [int(t) for t in response_ids]
+    return ChatRow(chat_messages(decode(prompt_ids), decode(response_ids), images), seq, len(prompt_ids),
+                   image_cfg.min_pixels, image_cfg.max_pixels)
 
 
 class Mismatch(Exception):
@@ -113,6 +211,26 @@ def first_difference(ours: Sequence[int], theirs: Sequence[int]) -> int | None:
     return None if len(ours) == len(theirs) else min(len(ours), len(theirs))
 
 
+def scored_logprobs(seq: Sequence[int], n_prompt: int, theirs, lps) -> np.ndarray:
+    """The response tokens' log-probs [len(seq) - n_prompt] (float32) from one sequence's
+    ``prompt_token_ids`` (``theirs``, None: not returned) and ``prompt_logprobs``; raises
+    :class:`Mismatch` (row 0) where the server's tokens differ from ``seq``."""
+    if theirs is not None and (j := first_difference(seq, theirs)) is not None:
+        raise Mismatch(0, j, _at(seq, j), _at(theirs, j))
+    if len(lps) != len(seq):
+        j = min(len(lps), len(seq))
+        raise Mismatch(0, j, _at(seq, j), f"{len(lps)} scored tokens")
+    row = np.empty(len(seq) - n_prompt, np.float32)
+    for j in range(1, len(seq)):     # every scored position holds our token (prompt included)
+        entry = lps[j]
+        got = entry.get(str(int(seq[j]))) if isinstance(entry, dict) else None
+        if got is None:
+            raise Mismatch(0, j, int(seq[j]), sorted(entry) if isinstance(entry, dict) else entry)
+        if j >= n_prompt:
+            row[j - n_prompt] = float(got["logprob"] if isinstance(got, dict) else got)
+    return row
+
+
 def parse_reply(reply, seqs: Sequence[Sequence[int]], n_prompt: Sequence[int]) -> list[np.ndarray]:
     """The response tokens' log-probs [len(seq) - n_prompt] (float32) of each sequence from a
     completions reply; raises :class:`Mismatch` when the server's tokens differ from ours
@@ -123,23 +241,22 @@ def parse_reply(reply, seqs: Sequence[Sequence[int]], n_prompt: Sequence[int]) -
             raise ValueError("choices")
         out = []
         for i, (choice, seq, p) in enumerate(zip(choices, seqs, n_prompt)):
-            theirs = choice.get("prompt_token_ids")
-            if theirs is not None and (j := first_difference(seq, theirs)) is not None:
-                raise Mismatch(i, j, _at(seq, j), _at(theirs, j))
-            lps = choice["prompt_logprobs"]
-            if len(lps) != len(seq):
-                j = min(len(lps), len(seq))
-                raise Mismatch(i, j, _at(seq, j), f"{len(lps)} scored tokens")
-            row = np.empty(len(seq) - p, np.float32)
-            for j in range(1, len(seq)):     # every scored position holds our token (prompt included)
-                entry = lps[j]
-                got = entry.get(str(int(seq[j]))) if isinstance(entry, dict) else None
-                if got is None:
-                    raise Mismatch(i, j, int(seq[j]), sorted(entry) if isinstance(entry, dict) else entry)
-                if j >= p:
-                    row[j - p] = float(got["logprob"] if isinstance(got, dict) else got)
-            out.append(row)
+            try:
+                out.append(scored_logprobs(seq, p, choice.get("prompt_token_ids"), choice["prompt_logprobs"]))
+            except Mismatch as m:
+                raise Mismatch(i, m.pos, m.ours, m.theirs) from None
         return out
+    except Mismatch:
+        raise
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+        raise CE.Retryable("malformed") from None
+
+
+def parse_chat_reply(reply, seq: Sequence[int], n_prompt: int) -> np.ndarray:
+    """:func:`parse_reply` of a chat completions reply (one sequence; ``prompt_logprobs``
+    and ``prompt_token_ids`` at the reply's top level)."""
+    try:
+        return scored_logprobs(seq, n_prompt, reply.get("prompt_token_ids"), reply["prompt_logprobs"])
     except Mismatch:
         raise
     except (KeyError, IndexError, TypeError, ValueError, AttributeError):
@@ -164,6 +281,7 @@ class ServedScorer:
         self.key, self.url = key, url
         self.name = key.split(".")[-1]
         self.completions, self._model = split_url(url)
+        self.chat = chat_url(self.completions)
         self.timeout, self.retries, self.backoff, self.max_backoff = timeout, retries, backoff, max_backoff
         self.concurrency, self.rows_per_request, self.api_key = int(concurrency), int(rows_per_request), api_key
         self.counts: collections.Counter = collections.Counter()
@@ -195,7 +313,38 @@ class ServedScorer:
             results = list(pool.map(lambda part: self._request(*part), parts))
         return [row for rows in results for row in rows]
 
+    def score_chat(self, rows: Sequence[ChatRow]) -> list:
+        """Per image row (:func:`chat_row`), one chat request each, concurrently: its response
+        tokens' log-probs, None when every attempt failed, or :data:`RETOKENIZED` when the
+        server's tokens differ from ours after the prompt (counted; a difference inside the
+        prompt is a ConfigError)."""
+        if not rows:
+            return []
+        if self.model() is None:
+            self._count("failed_requests")
+            return [None] * len(rows)
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(rows))) as pool:
+            return list(pool.map(self._chat_request, rows, range(len(rows))))
+
     # ------------------------------------------------------------------ internals
+    def _chat_request(self, row: ChatRow, i: int):
+        data = json.dumps(chat_request_body(self._model, row.messages, row.min_pixels, row.max_pixels)).encode()
+        send = lambda: parse_chat_reply(CE.post_json(self.chat, data, self._headers(), self.timeout), row.seq,
+                                        row.n_prompt)
+        try:
+            value, _, _, _ = CE.with_retries(send, self.retries, self._delay, self._count)
+        except Mismatch as m:
+            if m.pos >= row.n_prompt:      # the response's text, tokenized otherwise: no KL on the row
+                self._count(RETOKENIZED)
+                return RETOKENIZED
+            raise ConfigError(f"config key {self.key} = {self.url!r}: the server's chat prompt differs from ours "
+                              f"(image row {i}, first difference at position {m.pos} of {row.n_prompt} prompt "
+                              f"tokens: ours {m.ours}, the server's {m.theirs}); serve the policy's chat template "
+                              f"and an image processor that keeps our min/max pixels") from None
+        if value is None:
+            self._count("failed_requests")
+        return value
+
     def _request(self, seqs, n_prompt, first_row) -> list:
         data = json.dumps(request_body(self._model, seqs)).encode("utf-8")
         send = lambda: parse_reply(CE.post_json(self.completions, data, self._headers(), self.timeout), seqs, n_prompt)

@@ -21,7 +21,7 @@ import base64
 import dataclasses
 import io
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 from PIL import Image
@@ -180,6 +180,18 @@ def preprocess_image(image: Image.Image | np.ndarray, cfg: ImageProcessorConfig
     x = x.transpose(0, 3, 1, 4, 6, 2, 5)                    # (gh/m, gw/m, m, m, C, p, p)
     x = np.broadcast_to(x[:, :, :, :, :, None], x.shape[:5] + (t,) + x.shape[5:])
     return np.ascontiguousarray(x).reshape(gh * gw, 3 * t * p * p), np.array([1, gh, gw], np.int64)
+
+
+def patches_to_image(pixel_values: np.ndarray, grid: Sequence[int], cfg: ImageProcessorConfig) -> np.ndarray:
+    """The [H, W, 3] uint8 image :func:`preprocess_image` made ``pixel_values`` of (its
+    inverse: first temporal copy, un-normalised, rounded), e.g. to send a server the
+    screenshot exactly as resized here."""
+    _, gh, gw = (int(g) for g in grid)
+    p, m, t = cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size
+    x = np.asarray(pixel_values, np.float32).reshape(gh // m, gw // m, m, m, 3, t, p, p)[:, :, :, :, :, 0]
+    x = x.transpose(0, 2, 5, 1, 3, 6, 4).reshape(gh * p, gw * p, 3)      # preprocess_image's transpose, undone
+    x = x * np.asarray(cfg.image_std, np.float32) + np.asarray(cfg.image_mean, np.float32)
+    return np.clip(np.rint(x * 255), 0, 255).astype(np.uint8)
 
 
 class ImageLoadError(ValueError):

@@ -8,9 +8,11 @@ phases) on text-only prompts, with the scorers' ban off (``banned=()``) as vLLM'
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
 import functools
 import http.server
+import io
 import json
 import threading
 
@@ -19,9 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from PIL import Image
 
 from guilibra_jax import generate as G
 from guilibra_jax import served_scorer as SV
+from guilibra_jax.data import images as I
+from guilibra_jax.data import prompts as P
+from guilibra_jax.data import tokenize as T
 from guilibra_jax.errors import ConfigError
 from guilibra_jax.train import config as C
 from guilibra_jax.train.rl import frozen as FZ
@@ -29,7 +35,7 @@ from guilibra_jax.train.rl import phases as PH
 from guilibra_jax.train.rl import rollout as RO
 from tests.train.test_learning import (DESKTOP_TEACHER, MOBILE_TEACHER, frozen_model, make_config, make_stage,
                                        patched_reward, teacher, train)
-from tests.train.test_rl import rl_batch, tiny
+from tests.train.test_rl import device, tiny
 
 URL_PAD = 48     # the server right-pads sequences to this many tokens (one compile)
 
@@ -58,15 +64,49 @@ def raw_prompt_logprobs(params, seq) -> list:
                      for j in range(1, len(seq))]
 
 
+IMG_PAD, IMG_PATCHES = 128, 64    # the chat route pads sequences and patches to these (one compile)
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_vl():
+    _, graphdef, _ = tiny()
+
+    @jax.jit
+    def fn(params, seq):
+        model = nnx.merge(graphdef, params)
+        h = model.hidden_states(seq["prompt_ids"], seq["positions"], seq["prompt_mask"], seq["pixel_values"],
+                                seq["vision"])
+        return jax.nn.log_softmax(model.logits_from_hidden(h).astype(jnp.float32), axis=-1)[0]   # [T, V]
+
+    return fn
+
+
+def image_prompt_logprobs(params, seq, images) -> list:
+    """:func:`raw_prompt_logprobs` of a sequence holding images ([(pixel rows, grid)]): a
+    direct forward pass with M-RoPE positions over the whole sequence."""
+    grids = np.array([g for _, g in images]).reshape(-1, 3)
+    p = G.prepare_prompts([(seq, grids, np.concatenate([x for x, _ in images]))], tiny()[0], pad_id=0,
+                          bucket_len=IMG_PAD, num_patches=IMG_PATCHES)
+    lp = np.asarray(_forward_vl()(params, device(p)))[IMG_PAD - len(seq):]
+    return [None] + [{str(seq[j]): {"logprob": float(lp[j - 1, seq[j]]), "rank": 1, "decoded_token": "x"}}
+                     for j in range(1, len(seq))]
+
+
+def _from_data_url(url):
+    head, _, data = url.partition(",")
+    assert head == "data:image/png;base64", head
+    return Image.open(io.BytesIO(base64.b64decode(data)))
+
+
 class Server:
     """A vLLM-like completions server over ``params`` in a thread (``with`` block). Faults:
     ``fail_first`` requests answer HTTP 500; requests holding a sequence that starts with a
     token of ``fail_tokens`` always answer 500; ``shift``: log-probs keyed by the previous
     token (a server that scores other tokens)."""
 
-    def __init__(self, params, *, fail_first=0, fail_tokens=(), shift=False, token_ids=True):
+    def __init__(self, params, *, fail_first=0, fail_tokens=(), shift=False, token_ids=True, pixels=None):
         self.params, self.fail_first, self.fail_tokens = params, fail_first, set(fail_tokens)
-        self.shift, self.token_ids = shift, token_ids
+        self.shift, self.token_ids, self.pixels = shift, token_ids, pixels
         self.requests = 0
         self.bodies: list[dict] = []
         server = self
@@ -88,7 +128,7 @@ class Server:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                self._reply(*server.answer(body))
+                self._reply(*(server.answer_chat if self.path.endswith("/chat/completions") else server.answer)(body))
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
@@ -109,6 +149,34 @@ class Server:
                 c["prompt_token_ids"] = list(seq)
             choices.append(c)
         return 200, {"object": "text_completion", "model": body["model"], "choices": choices}
+
+    def answer_chat(self, body):
+        """vLLM's chat route for the tiny model: the messages rendered by the tokenizer's chat
+        template (final assistant turn left open), tokenized, each image's pad expanded by
+        OUR image preprocessing of the decoded PNG (``mm_processor_kwargs`` bounds, or the
+        server's own ``pixels``), scored with the image; ``prompt_logprobs`` and
+        ``prompt_token_ids`` at the reply's top level."""
+        self.requests += 1
+        self.bodies.append(body)
+        tok, cfg = tiny_tokenizer(), tiny()[0]
+        text = tok.apply_chat_template(body["messages"], tokenize=False,
+                                       add_generation_prompt=body["add_generation_prompt"],
+                                       continue_final_message=body["continue_final_message"])
+        kw = body["mm_processor_kwargs"]
+        lo, hi = self.pixels or (kw["min_pixels"], kw["max_pixels"])
+        icfg = I.processor_config(cfg.family, min_pixels=lo, max_pixels=hi, model_config=cfg)
+        images = [I.preprocess_image(_from_data_url(part["image_url"]["url"]), icfg)
+                  for m in body["messages"] if not isinstance(m["content"], str)
+                  for part in m["content"] if part["type"] == "image_url"]
+        ids, k = [], 0
+        for t in tok(text, add_special_tokens=False)["input_ids"]:
+            n = int(np.prod(images[k][1])) // icfg.merge_size ** 2 if t == cfg.image_token_id else 1
+            ids += [t] * n
+            k += t == cfg.image_token_id
+        lps = image_prompt_logprobs(self.params, ids, images)
+        return 200, {"object": "chat.completion", "model": body["model"], "prompt_logprobs": lps,
+                     "prompt_token_ids": ids, "choices": [{"index": 0, "finish_reason": "length",
+                                                           "message": {"role": "assistant", "content": "x"}}]}
 
     def __enter__(self):
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
@@ -136,11 +204,69 @@ def text_prompts(platforms=("desktop", "mobile")):
             "reward_targets": [None] * n, "platform": list(platforms), "resized_size": [(84, 56)] * n}
 
 
-def stage(frozen, *, share=False, steps=1, **rl):
+def stage(frozen, *, share=False, steps=1, images=False, **rl):
+    """The tiny MOPD stage; ``images``: with the tiny tokenizer and the image tests' pixel bounds."""
     config = make_config("mopd", lr=1e-3, steps=steps, max_new_tokens=3, share_prefill=share, normalize_std=False,
                          **{"mopd.kl_mask": "off", **rl})
+    if images:
+        config.data.min_pixels, config.data.max_pixels = LO, HI
     s, state = make_stage(config, frozen)
-    return dataclasses.replace(s, banned=()), state     # scorers as vLLM's: no banned tokens
+    s = dataclasses.replace(s, banned=())     # scorers as vLLM's: no banned tokens
+    return (dataclasses.replace(s, tokenizer=tiny_tokenizer()) if images else s), state
+
+
+# ----------------------------------------------------------------------------- image prompts
+# A char-level byte-level BPE over the tiny model's 256 ids: Qwen's special tokens at the ids
+# the tiny config gives them (<|im_end|> = the stop token 255), printable ASCII + space +
+# newline at 0..95 (the sampled tokens 40..43 are 'I'..'L'), and a few merges, so that
+# some token sequences are not the canonical tokenization of their text ('i' 'n' vs 'in').
+SPECIAL = {"<think>": 246, "</think>": 247, "<|endoftext|>": 248, "<|im_start|>": 249, "<|vision_end|>": 251,
+           "<|vision_start|>": 252, "<|video_pad|>": 253, "<|image_pad|>": 254, "<|im_end|>": 255}
+MERGES = [("i", "n"), ("Ġ", "s"), ("e", "t")]
+LO, HI = 28 * 28 * 4, 28 * 28 * 12        # data.min_pixels / max_pixels of the image prompts
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_tokenizer():
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from guilibra_jax.data.demo_tokenizer import QWEN_PRETOKENIZE_REGEX
+    vocab = {c: i for i, c in enumerate([chr(c) for c in range(33, 127)] + ["Ġ", "Ċ"])}
+    vocab.update({a + b: len(vocab) + k for k, (a, b) in enumerate(MERGES)})
+    vocab.update({f"<unused{i}>": i for i in range(len(vocab), 256) if i not in SPECIAL.values()})
+    vocab.update(SPECIAL)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=MERGES))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   clean_up_tokenization_spaces=False)
+    fast.chat_template = P.QWEN_VL_CHAT_TEMPLATE
+    return fast
+
+
+def image_prompts(platforms=("desktop", "mobile")):
+    """An RL batch as collate_rl's with one screenshot per prompt, built by the data
+    pipeline's functions: the prompt by tokenize.encode_prompt over the tiny tokenizer, the
+    screenshot (random pixels) by images.preprocess_image within LO..HI pixels."""
+    cfg, tok = tiny()[0], tiny_tokenizer()
+    icfg = I.processor_config(cfg.family, min_pixels=LO, max_pixels=HI, model_config=cfg)
+    rng = np.random.default_rng(4)
+    prompts = []
+    for i, platform in enumerate(platforms):
+        pix, grid = I.preprocess_image(rng.integers(0, 256, (70, 100 + 50 * i, 3), dtype=np.uint8), icfg)
+        user = f"{P.IMAGE_PLACEHOLDER}Open {platform} settings."
+        ids = T.encode_prompt(tok, "GUI agent in test.", user, [int(np.prod(grid)) // icfg.merge_size ** 2])
+        prompts.append((ids.tolist(), grid[None], pix))
+    p = G.prepare_prompts(prompts, cfg, pad_id=0)
+    n = len(platforms)
+    return {"prompt_ids": p["prompt_ids"], "prompt_mask": p["prompt_mask"], "positions": p["positions"],
+            "rope_deltas": p["rope_deltas"], "pixel_values": p["pixel_values"], "image_grid_thw": p["image_grid_thw"],
+            "row_valid": np.ones(n, bool), "reward_targets": [None] * n, "platform": list(platforms),
+            "resized_size": [(84, 56)] * n}
 
 
 def rollout(s, params, batch=None):
@@ -172,7 +298,7 @@ def test_served_log_probs_equal_on_mesh_scoring_of_the_same_model(share):
     err = np.abs(got.ref_logp - want.ref_logp).max()
     print(f"\nmax |served - on-mesh| = {err:.2e} over {on.sum()} tokens")
     assert err < 2e-5
-    assert got.served == {"desktop": [8, 8], "mobile": [8, 8]}
+    assert got.served == {"desktop": [8, 8, 0], "mobile": [8, 8, 0]}
     assert np.abs(np.roll(got.ref_logp, 1, axis=1) - want.ref_logp)[on].max() > 0.1    # shifted by one: fails
 
 
@@ -236,12 +362,121 @@ def _with_other_ids(answer):
     return wrapped
 
 
-def test_prompts_with_images_are_a_one_line_error_for_a_served_scorer():
+# ----------------------------------------------------------------------------- (f) image rows: chat API
+
+
+def test_image_rows_score_through_the_chat_api_as_on_mesh():
+    """Prompts with a screenshot: each row one chat request (system / user with the PNG
+    screenshot and text / the open assistant turn), rendered and expanded by the server;
+    the log-probs equal the on-mesh scorer's (float32, 2e-5); one position off fails."""
     params = tiny()[2]
-    s, _ = stage({"*": frozen_model("d", teacher(DESKTOP_TEACHER))})
-    ro = rollout(s, params, rl_batch(tiny()[0], n_prompts=2))
-    with pytest.raises(ConfigError, match=r"config key rl.teachers.\* .*text-only prompts"):
-        PH.score(dataclasses.replace(s, frozen={"*": scorer("rl.teachers.*", "http://127.0.0.1:9/v1#m")}), params, ro)
+    on_mesh = {"desktop": frozen_model("teacher_desktop", teacher(DESKTOP_TEACHER)),
+               "mobile": frozen_model("teacher_mobile", teacher(MOBILE_TEACHER))}
+    s, _ = stage(on_mesh, images=True)
+    ro = rollout(s, params, image_prompts())
+    want = PH.score(s, params, ro)
+    with Server(teacher(DESKTOP_TEACHER)) as d, Server(teacher(MOBILE_TEACHER)) as m:
+        served = {"desktop": scorer("rl.teachers.desktop", d.url), "mobile": scorer("rl.teachers.mobile", m.url)}
+        got = PH.score(dataclasses.replace(s, frozen=served), params, ro)
+    assert d.requests == 8 and m.requests == 8       # one row per chat request
+    body = m.bodies[0]
+    assert [x["role"] for x in body["messages"]] == ["system", "user", "assistant"]
+    assert body["messages"][1]["content"][0]["image_url"]["url"].startswith("data:image/png;base64,")
+    assert body["messages"][1]["content"][1] == {"type": "text", "text": "Open mobile settings."}
+    assert body["mm_processor_kwargs"] == {"min_pixels": LO, "max_pixels": HI} and body["prompt_logprobs"] == 0
+    assert body["continue_final_message"] and not body["add_generation_prompt"]
+    on = np.abs(want.ref_logp) > 0
+    assert on.sum() == ro.lengths.sum() and np.all(got.kl_ok)
+    err = np.abs(got.ref_logp - want.ref_logp).max()
+    print(f"\nmax |served - on-mesh| = {err:.2e} over {on.sum()} tokens of image rows")
+    assert err < 2e-5
+    assert got.served == {"desktop": [8, 8, 0], "mobile": [8, 8, 0]}
+    assert np.abs(np.roll(got.ref_logp, 1, axis=1) - want.ref_logp)[on].max() > 0.1
+
+
+def test_mopd_step_with_one_served_teacher_on_image_prompts_equals_the_all_on_mesh_step():
+    """A trainer step on image prompts, desktop teacher on the mesh and mobile teacher served,
+    equals the step with both on the mesh (one stage, its update compiled once: the k3
+    update takes no teacher parameters)."""
+    desktop = frozen_model("teacher_desktop", teacher(DESKTOP_TEACHER))
+    s, state = stage({"desktop": desktop, "mobile": frozen_model("teacher_mobile", teacher(MOBILE_TEACHER))},
+                     images=True)
+    reward = lambda s_, ro: RO.Scored(np.where(np.array(ro.platform) == "desktop", 1.0, -1.0).astype(np.float32)
+                                      * (ro.tokens[:, 0] % 2), np.zeros(ro.rows, bool), {})
+    run = lambda s_: train(s_, jax.tree.map(jnp.copy, state), 1, lambda p: 0.0, batch=image_prompts())
+    with patched_reward(reward):
+        ref_state, _, (want,), _ = run(s)
+        with Server(teacher(MOBILE_TEACHER)) as m:
+            got_state, _, (got,), _ = run(dataclasses.replace(
+                s, frozen={"desktop": desktop, "mobile": scorer("rl.teachers.mobile", m.url)}))
+    print(f"\nloss {want['loss']:.6f} / {got['loss']:.6f}, kl {want['kl']:.6f} / {got['kl']:.6f}")
+    assert m.requests == 8 and got["served/mobile/ok"] == 8 and got["served/mobile/retokenized"] == 0
+    for key in ("loss", "kl", "grad_norm", "ratio_mean", "reward_mean"):
+        assert abs(got[key] - want[key]) <= 1e-5 * max(1.0, abs(want[key])), key
+    assert want["kl"] > 1e-3
+    diff = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(got_state["params"]),
+                                                            jax.tree.leaves(ref_state["params"])))
+    assert diff < 1e-6, diff
+
+
+def test_a_server_expanding_images_otherwise_is_a_one_line_error_naming_the_key():
+    """A server that resizes the screenshot within other pixel bounds expands it to other
+    image tokens: a difference inside the prompt, a ConfigError (not retried, not dropped)."""
+    params = tiny()[2]
+    s, _ = stage({"*": None}, images=True)
+    ro = rollout(s, params, image_prompts())
+    with Server(teacher(MOBILE_TEACHER), pixels=(LO, LO)) as m:
+        with pytest.raises(ConfigError) as e:
+            PH.score(dataclasses.replace(s, frozen={"*": scorer("rl.teachers.*", m.url, concurrency=1)}), params, ro)
+    msg = str(e.value)
+    print("\n" + msg)
+    assert "\n" not in msg and msg.startswith("config key rl.teachers.* = ") and "first difference at position" in msg
+    assert "chat template" in msg and "min/max pixels" in msg
+    assert m.requests <= 2        # not retried; the rows queued behind the failed one are cancelled
+
+
+def test_non_canonical_responses_are_dropped_counted_and_the_rest_trained():
+    """Rows whose sampled tokens are not the canonical tokenization of their text ('i' 'n'
+    where the tokenizer makes 'in') are not sent: no KL term, counted as retokenized; the
+    update equals the on-mesh update with the KL mask off on those rows. A server whose
+    tokens differ after the prompt only drops and counts those rows too."""
+    params = tiny()[2]
+    mobile = teacher(MOBILE_TEACHER)
+    s, state = stage({"*": frozen_model("m", mobile)}, images=True, **{"mopd.kl_mask": "paper"})
+    ro = rollout(s, params, image_prompts())
+    bad = np.zeros(ro.rows, bool)
+    bad[[1, 2, 9, 12]] = True
+    i, n = tiny_tokenizer().convert_tokens_to_ids(["i", "n"])
+    ro.tokens[bad, :2] = [i, n]
+    with Server(mobile) as m:
+        sv = scorer("rl.teachers.*", m.url)
+        s_sv = dataclasses.replace(s, frozen={"*": sv})
+        got = PH.score(s_sv, params, ro)
+    assert m.requests == 12 and np.array_equal(got.kl_ok, ~bad) and got.served == {"*": [16, 12, 4]}
+    assert np.array_equal(got.ref_logp[bad], got.old_logp[bad])
+    metrics = PH.served_metrics(s_sv, got, {"*": SV.FailedSteps("rl.teachers.*", 3)})
+    assert metrics == {"served/*/rows": 16, "served/*/ok": 12, "served/*/dropped_rows": 4, "served/*/retokenized": 4}
+
+    want = PH.score(s, params, ro)
+    adv = {"advantages": np.linspace(-1, 1, ro.rows).astype(np.float32), "kl_mask": np.ones(ro.rows, np.float32)}
+    run = lambda sc, a: PH.update(s, jax.tree.map(jnp.copy, state), ro, a, sc)[1]
+    m_got, m_want = run(got, adv), run(want, dict(adv, kl_mask=(~bad).astype(np.float32)))
+    print(f"\nloss {float(m_got['loss']):.6f} (on-mesh, KL mask off on the retokenized rows "
+          f"{float(m_want['loss']):.6f})")
+    for key in ("loss", "kl", "grad_norm", "kl_mask_fraction"):
+        assert abs(float(m_got[key]) - float(m_want[key])) <= 1e-5 * max(1.0, abs(float(m_want[key]))), key
+
+    with Server(mobile) as other:        # the server's tokens differ in the response part: dropped, counted
+        answer = other.answer_chat
+        other.answer_chat = lambda body: _last_id_changed(*answer(body))
+        sv = scorer("rl.teachers.*", other.url)
+        part = PH.score(dataclasses.replace(s, frozen={"*": sv}), params, ro)
+    assert not part.kl_ok.any() and part.served == {"*": [16, 0, 16]} and sv.counts["retokenized"] == 12
+
+
+def _last_id_changed(code, reply):
+    reply["prompt_token_ids"][-1] += 1
+    return code, reply
 
 
 # ----------------------------------------------------------------------------- (d) failures
@@ -254,7 +489,7 @@ def test_http_500_then_ok_is_retried_and_scores_every_row():
     with Server(teacher(MOBILE_TEACHER), fail_first=2) as m:
         sv = scorer("rl.teachers.*", m.url, concurrency=1)
         got = PH.score(dataclasses.replace(s, frozen={"*": sv}), params, ro)
-    assert np.all(got.kl_ok) and got.served == {"*": [16, 16]}
+    assert np.all(got.kl_ok) and got.served == {"*": [16, 16, 0]}
     assert sv.counts["http_500"] == 2 and sv.counts["ok"] == 8 and m.requests == 10
 
 
@@ -273,11 +508,11 @@ def test_permanently_failing_rows_are_dropped_from_the_kl_term_and_counted():
         sv = scorer("rl.teachers.*", m.url, rows_per_request=1)
         s_sv = dataclasses.replace(s, frozen={"*": sv})
         got = PH.score(s_sv, params, ro)
-    assert np.array_equal(got.kl_ok, ~dropped) and got.served == {"*": [16, 8]}
+    assert np.array_equal(got.kl_ok, ~dropped) and got.served == {"*": [16, 8, 0]}
     assert sv.counts["failed_requests"] == 8 and sv.counts["http_500"] == 8 * 3      # 1 + 2 retries each
     assert np.array_equal(got.ref_logp[dropped], got.old_logp[dropped])
     metrics = PH.served_metrics(s_sv, got, {"*": SV.FailedSteps("rl.teachers.*", 3)})
-    assert metrics == {"served/*/rows": 16, "served/*/ok": 8, "served/*/dropped_rows": 8}
+    assert metrics == {"served/*/rows": 16, "served/*/ok": 8, "served/*/dropped_rows": 8, "served/*/retokenized": 0}
 
     want = PH.score(s, params, ro)
     adv = {"advantages": np.linspace(-1, 1, ro.rows).astype(np.float32), "kl_mask": np.ones(ro.rows, np.float32)}
@@ -368,7 +603,7 @@ def test_grpo_served_reference_scores_as_on_mesh_and_its_failed_rows_carry_no_kl
         part = PH.score(dataclasses.replace(s, frozen={"reference": scorer("rl.reference", failing.url,
                                                                            rows_per_request=1)}), params, ro)
     assert np.abs(full.ref_logp - want.ref_logp).max() < 2e-5 and np.all(full.kl_ok)
-    assert np.array_equal(part.kl_ok, ~dropped) and part.served == {"reference": [16, 8]}
+    assert np.array_equal(part.kl_ok, ~dropped) and part.served == {"reference": [16, 8, 0]}
     adv = {"advantages": np.linspace(-1, 1, ro.rows).astype(np.float32), "kl_mask": np.ones(ro.rows, np.float32)}
     m = PH.update(s, jax.tree.map(jnp.copy, state), ro, adv, part)[1]
     m_all = PH.update(s, jax.tree.map(jnp.copy, state), ro, adv, full)[1]

@@ -142,28 +142,47 @@ def score(f: Frozen, seq: dict, *, temperature: float, chunk: int | None, banned
                    chunk_size=chunk, banned_token_ids=banned)
 
 
-def serve(f, ro, rows: np.ndarray, n_slots: int, shared: bool) -> tuple[np.ndarray, np.ndarray]:
+def serve(f, ro, rows: np.ndarray, n_slots: int, shared: bool, tokenizer=None, image_configs=None
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A served scorer's log-probs of rollout rows ``rows`` in :func:`score`'s layout
     ([len(rows), n_slots] shared, else [len(rows), Tp + n_slots]: token j of a response at
-    column Tp - 1 + j) and [len(rows)] bool: scored (False: every attempt failed). Rows
-    without a response (invalid, empty) are not sent. A row with an image is a ConfigError
-    (the completions API takes token ids only; served_scorer's module doc)."""
+    column Tp - 1 + j), [len(rows)] bool scored (False: every attempt failed, or
+    retokenized) and [len(rows)] bool retokenized (served_scorer.RETOKENIZED). Rows without
+    a response (invalid, empty) are not sent. Text-only rows go as token ids (completions);
+    rows with an image as chat messages (``tokenizer`` decodes them, ``image_configs``:
+    data.images.PlatformImageConfigs, the pixel bounds of each platform)."""
     Tp = ro.prompt_ids.shape[1]
     out = np.zeros((len(rows), n_slots if shared else Tp + n_slots), np.float32)
     ok = np.ones(len(rows), bool)
+    retok = np.zeros(len(rows), bool)
     send = [i for i, r in enumerate(rows) if ro.valid[r] and ro.lengths[r] > 0]
-    if any(ro.grids[rows[i]] is not None for i in send):
-        raise ConfigError(f"config key {f.key} = {f.url!r}: a served scorer scores text-only prompts (token ids "
-                          f"through the completions API); this rollout's prompts hold images")
-    got = f.score([ro.prompt_ids[rows[i]][ro.prompt_mask[rows[i]] > 0] for i in send],
-                  [ro.tokens[rows[i], :ro.lengths[rows[i]]] for i in send])
+    prompt = lambda r: ro.prompt_ids[r][ro.prompt_mask[r] > 0]
+    response = lambda r: ro.tokens[r, :ro.lengths[r]]
+    text = [i for i in send if ro.grids[rows[i]] is None]
+    image = [i for i in send if ro.grids[rows[i]] is not None]
+    got = dict(zip(text, f.score([prompt(rows[i]) for i in text], [response(rows[i]) for i in text])))
+    if image:
+        if tokenizer is None or image_configs is None:
+            raise ValueError("serve: rows with images need the tokenizer and the image configs")
+        chats = {}
+        for i in image:
+            r = rows[i]
+            try:
+                chats[i] = SV.chat_row(tokenizer, prompt(r), response(r), [ro.pixels[r]], [ro.grids[r]],
+                                       image_configs.for_platform(ro.platform[r]))
+            except ValueError as e:
+                raise ConfigError(f"config key {f.key} = {f.url!r}: cannot send row {r}'s prompt as chat "
+                                  f"messages ({e})") from None
+        sent = [i for i in image if chats[i] is not SV.RETOKENIZED]
+        got.update({i: SV.RETOKENIZED for i in image if chats[i] is SV.RETOKENIZED})
+        got.update(zip(sent, f.score_chat([chats[i] for i in sent])))
     start = 0 if shared else Tp - 1
-    for i, logp in zip(send, got):
-        if logp is None:
-            ok[i] = False
+    for i, logp in got.items():
+        if logp is None or logp is SV.RETOKENIZED:
+            ok[i], retok[i] = False, logp is SV.RETOKENIZED
         else:
             out[i, start:start + len(logp)] = logp
-    return out, ok
+    return out, ok, retok
 
 
 def row_sizes(local_rows: int, multiple: int) -> tuple[int, ...]:

@@ -33,6 +33,7 @@ import numpy as np
 from guilibra_jax import actions as A
 from guilibra_jax import generate as G
 from guilibra_jax import sharding as S
+from guilibra_jax.train import data_source
 from guilibra_jax.train import multihost as MH
 from guilibra_jax.train.batching import stack_micro_batches
 from guilibra_jax.train.rl import advantages as ADV
@@ -164,7 +165,7 @@ class Scores:
     n_slots: int = 0
     shared: bool = False
     kl_ok: np.ndarray | None = None   # [R] bool: False where a served scorer failed (no KL term on the row)
-    served: dict = dataclasses.field(default_factory=dict)   # served scorer's name -> [rows sent, rows scored]
+    served: dict = dataclasses.field(default_factory=dict)   # served name -> [rows sent, scored, retokenized]
 
 
 def score(s: Stage2, params, ro: RO.Rollout) -> Scores:
@@ -207,10 +208,11 @@ def score(s: Stage2, params, ro: RO.Rollout) -> Scores:
 
     def serve_rows(f, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # (per process, no collective: a served scorer gets this process's rows)
-        logp, scored = FZ.serve(f, ro, rows, n_slots, shared)
+        logp, scored, retok = FZ.serve(f, ro, rows, n_slots, shared, s.tokenizer, image_configs(s))
         sent = ro.valid[rows] & (ro.lengths[rows] > 0)
-        before = served.get(f.name, [0, 0])
-        served[f.name] = [before[0] + int(sent.sum()), before[1] + int((sent & scored).sum())]
+        before = served.get(f.name, [0, 0, 0])
+        served[f.name] = [before[0] + int(sent.sum()), before[1] + int((sent & scored).sum()),
+                          before[2] + int((sent & retok).sum())]
         return logp, scored
 
     ref = s.frozen["reference"] if s.method == "grpo" else None
@@ -223,6 +225,12 @@ def score(s: Stage2, params, ro: RO.Rollout) -> Scores:
                                         np.zeros_like(old_logp), serve_rows, ok)
     ref_logp = np.where(ok[:, None], ref_logp, old_logp)   # unscored rows: no KL (weight 0, and K3 = 0)
     return Scores(seq_host, old_logp, ref_logp.astype(np.float32), n_slots, shared, ok, served)
+
+
+def image_configs(s: Stage2):
+    """The image processor configs of the run's platforms (data.pixels bounds), as the data
+    pipeline resizes prompts' screenshots."""
+    return data_source.pixel_budgets(s.config.data).for_family(s.model_config.family, s.model_config)
 
 
 def update(s: Stage2, state: dict, ro: RO.Rollout, adv: dict, scores: Scores) -> tuple[dict, dict, list[bool]]:
@@ -276,17 +284,19 @@ def _update_rows(s: Stage2, host: dict, ro: RO.Rollout, idx: np.ndarray, scores:
 # ----------------------------------------------------------------------------- metrics
 def served_metrics(s: Stage2, scores: Scores, watches: dict) -> dict[str, float]:
     """Each served scorer's rows of the step over all processes (a collective):
-    ``served/<name>/rows`` sent, ``ok`` scored, ``dropped_rows`` (no KL term); ``watches``
+    ``served/<name>/rows`` sent, ``ok`` scored, ``dropped_rows`` (no KL term), of which
+    ``retokenized`` (image rows whose response the server tokenizes otherwise); ``watches``
     (name -> served_scorer.FailedSteps) stop the run after too many fully failed steps."""
     scorers = {f.name: f for f in s.frozen.values() if FZ.is_served(f)}
     if not scorers:
         return {}
     names = sorted(scorers)
-    local = np.array([scores.served.get(n, [0, 0]) for n in names], np.int64).reshape(1, -1)
-    totals = MH.gather_rows(local).sum(0).reshape(-1, 2)
+    local = np.array([scores.served.get(n, [0, 0, 0]) for n in names], np.int64).reshape(1, -1)
+    totals = MH.gather_rows(local).sum(0).reshape(-1, 3)
     row = {}
-    for n, (sent, ok) in zip(names, totals.tolist()):
-        row.update({f"served/{n}/rows": sent, f"served/{n}/ok": ok, f"served/{n}/dropped_rows": sent - ok})
+    for n, (sent, ok, retok) in zip(names, totals.tolist()):
+        row.update({f"served/{n}/rows": sent, f"served/{n}/ok": ok, f"served/{n}/dropped_rows": sent - ok,
+                    f"served/{n}/retokenized": retok})
         if sent > ok:
             log.warning("%s: %d of %d rows unscored (no KL term); attempts so far by outcome: %s",
                         scorers[n].key, sent - ok, sent, dict(scorers[n].counts))
