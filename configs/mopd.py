@@ -68,7 +68,8 @@ rollouts, one row per GPU per micro-batch) instead of 128, so the update's input
         --config.rl.teachers.desktop=http://teacher-desktop:8000/v1 \
         --config.rl.teachers.mobile=http://teacher-mobile:8000/v1
 
-(served scorers take text-only prompts for now: see the limits in served_scorer.py.)
+(screenshot prompts go to the servers' chat API, the screenshot as we resized it: serve the
+student's chat template; see served_scorer.py.)
 
 Hardware: 8 x 8 H100 80GB (``:8x8``, the paper) or 4 x 8 H100 80GB (``:4x8``), or a
 TPU v5p-128 (4x4x4, 64 chips) (``:v5p_4x4x4``: 16 TPU VMs, mesh fsdp 16 x tensor 4), or a

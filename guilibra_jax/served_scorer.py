@@ -19,15 +19,47 @@ ConfigError naming the config key and the first differing position (a server tha
 tokenizes, truncates or drops tokens is never silently trusted). ``M`` is the model the
 server lists first at ``<url>/models`` unless the URL ends in ``#<model name>``.
 
+Image rows (every GUI prompt holds a screenshot; the completions API takes token ids only)
+go through the chat API (same commit: ``vllm/entrypoints/openai/chat_completion/protocol.py``,
+``ChatCompletionRequest`` / ``ChatCompletionResponse``, which ``serving.py`` fills), one
+request per row to ``<url>/chat/completions``:
+
+    {"model": M, "messages": [{"role": "system", "content": "<system text>"},
+                              {"role": "user", "content": [{"type": "image_url", "image_url":
+                                   {"url": "data:image/png;base64,..."}}, {"type": "text", "text": "..."}]},
+                              {"role": "assistant", "content": "<generation prefix><response text>"}],
+     "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0, "return_token_ids": true,
+     "add_generation_prompt": false, "continue_final_message": true, "add_special_tokens": false,
+     "mm_processor_kwargs": {"min_pixels": lo, "max_pixels": hi}}
+
+The messages are our prompt's own turns, decoded from its token ids (each vision block an
+``image_url`` part, text around it as text parts), the last one the open assistant turn:
+the prompt's generation prefix (``<think>\n`` for Thinking templates) + the response's text
+(its stop token included), continued, not closed. The screenshot is rebuilt exactly from
+our pixel patches (:func:`data.images.patches_to_image`), i.e. already resized within the
+row's platform bounds ``data.min_pixels`` / ``data.max_pixels`` / ``data.pixels``, which
+``mm_processor_kwargs`` passes on (a Qwen-VL processor given them leaves that size as it is).
+The reply carries ``prompt_logprobs`` and ``prompt_token_ids`` at its top level; the server's
+ids must equal our prompt + response ids, image pads expanded per image grid included:
+
+* a difference inside the prompt (the server's chat template renders other text, or its
+  image processor expands the screenshot to other tokens) is a one-line ConfigError naming
+  the key and the first differing position: serve the policy's chat template and keep our
+  pixel bounds;
+* a difference after the prompt is the response's text tokenized otherwise (the sampler
+  may emit a split of its text the tokenizer never makes, e.g. ``i n`` for ``in``; or the
+  template rewrites the assistant turn): not the server's error. Such rows carry no KL
+  term and are counted (``served/<label>/retokenized``, within ``dropped_rows``). Rows
+  our own tokenizer already finds non-canonical (re-encoded from the prompt's last
+  ``<|im_start|>``) are not sent.
+
 Limits:
-* vLLM's completions API takes no images: rows whose prompt holds an image are a one-line
-  error (not scored). Images would need the chat API (same commit,
-  ``vllm/entrypoints/openai/chat_completion/protocol.py``: ``ChatCompletionRequest`` takes
-  ``prompt_logprobs``, ``chat_template`` and ``mm_processor_kwargs``;
-  ``ChatCompletionResponse`` returns ``prompt_logprobs`` and ``prompt_token_ids`` at its
-  top level) with our prompt rebuilt as text + images (a verbatim chat template, the
-  screenshot rebuilt from our pixel patches) and the server's expanded image tokens
-  checked against ours the same way: not built.
+* image rows are rendered by the server's own chat template (no ``chat_template`` is sent:
+  vLLM may refuse request templates): it must render our turns as our prompt code does
+  (the model's template, as ``data.prompts`` reproduces it). A Thinking template that
+  rewrites a final assistant turn's think block (whitespace around ``</think>``) makes those
+  rows retokenized; a template that cannot continue the turn answers an HTTP error (the
+  row is dropped, counted as a failed request).
 * vLLM's prompt log-probs are of the raw logits (``--logprobs-mode`` raw_logprobs, its
   default): temperature 1 over the whole vocabulary. ``rl.temperature`` must be 1.0 (a
   ConfigError otherwise) and the vision tokens our on-mesh scorers ban are not excluded

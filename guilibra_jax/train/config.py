@@ -408,10 +408,12 @@ SECTIONS: dict[str, str] = {
                "vocabulary and inputs). The pass-rate floor is on exactly when `rl.mopd.kl_mask` is not off.",
     "rl.served": "Served scorers (`guilibra_jax/served_scorer.py`): an `http(s)://` URL in `rl.teachers.<label>` or "
                  "`rl.reference` names an OpenAI-compatible server (vLLM `serve`, the same tokenizer) that returns the "
-                 "log-probs of our prompt + response token ids (`/v1/completions` with `prompt_logprobs`); nothing of "
-                 "it sits on the mesh. Each process sends its own rows. A row whose request fails every attempt is "
-                 "dropped from the KL term (weight 0) and counted (`served/<label>/dropped_rows`); tokens the server "
-                 "scores differently are a one-line error. Text-only prompts, rl.temperature 1, not with full_kl.",
+                 "log-probs of our prompt + response tokens (`prompt_logprobs`: text-only prompts as token ids to "
+                 "`/v1/completions`, prompts with a screenshot as chat messages to `/v1/chat/completions`); nothing "
+                 "of it sits on the mesh. Each process sends its own rows. A row whose request fails every attempt is "
+                 "dropped from the KL term (weight 0) and counted (`served/<label>/dropped_rows`), as is a response "
+                 "the server retokenizes (`served/<label>/retokenized`); a prompt the server tokenizes differently "
+                 "is a one-line error. rl.temperature 1, not with full_kl.",
     "rl.group_filter": "DAPO-style dynamic sampling (the UI-MOPD release: on): groups whose pass rate is 0 or 1 are "
                        "dropped and more rounds of `data.batch_size` prompts are sampled until `rl.update_groups` "
                        "groups are kept; after `max_rounds` rounds (0 = no limit, the release) the update is "

@@ -5,6 +5,9 @@ prompts, ``prompt_logprobs``, ``return_token_ids``, ``/v1/models``) over OUR tin
 model: raw log-probs (temperature 1, no banned tokens), by a direct forward pass
 independent of the trainer's scorers. Stages are test_learning.py's (the trainer's real
 phases) on text-only prompts, with the scorers' ban off (``banned=()``) as vLLM's is.
+Section (f): prompts with a screenshot through its chat route (the messages rendered by
+the chat template of a tokenizer on the tiny model's ids, the PNG decoded and expanded by
+our own image preprocessing), as a vLLM server does with the model's template.
 """
 from __future__ import annotations
 
