@@ -34,7 +34,7 @@ request per row to ``<url>/chat/completions``:
 
 The messages are our prompt's own turns, decoded from its token ids (each vision block an
 ``image_url`` part, text around it as text parts), the last one the open assistant turn:
-the prompt's generation prefix (``<think>\n`` for Thinking templates) + the response's text
+the prompt's generation prefix (``<think>\\n`` for Thinking templates) + the response's text
 (its stop token included), continued, not closed. The screenshot is rebuilt exactly from
 our pixel patches (:func:`data.images.patches_to_image`), i.e. already resized within the
 row's platform bounds ``data.min_pixels`` / ``data.max_pixels`` / ``data.pixels``, which
@@ -42,24 +42,26 @@ row's platform bounds ``data.min_pixels`` / ``data.max_pixels`` / ``data.pixels`
 The reply carries ``prompt_logprobs`` and ``prompt_token_ids`` at its top level; the server's
 ids must equal our prompt + response ids, image pads expanded per image grid included:
 
-* a difference inside the prompt (the server's chat template renders other text, or its
-  image processor expands the screenshot to other tokens) is a one-line ConfigError naming
-  the key and the first differing position: serve the policy's chat template and keep our
-  pixel bounds;
-* a difference after the prompt is the response's text tokenized otherwise (the sampler
-  may emit a split of its text the tokenizer never makes, e.g. ``i n`` for ``in``; or the
-  template rewrites the assistant turn): not the server's error. Such rows carry no KL
-  term and are counted (``served/<label>/retokenized``, within ``dropped_rows``). Rows
-  our own tokenizer already finds non-canonical (re-encoded from the prompt's last
-  ``<|im_start|>``) are not sent.
+* a difference in the prompt's turns before the assistant's (up to its ``<|im_start|>``:
+  the server's chat template renders other text, or its image processor expands the
+  screenshot to other tokens) is a one-line ConfigError naming the key and the first
+  differing position: serve the policy's chat template and keep our pixel bounds;
+* a difference after that is our assistant text (generation prefix + response) tokenized
+  or rendered otherwise (the sampler may emit a split of its text the tokenizer never
+  makes, e.g. ``i n`` for ``in``; a template may rewrite the turn): not the server's error.
+  Such rows carry no KL term and are counted (``served/<label>/retokenized``, within
+  ``dropped_rows``). Rows our own tokenizer already finds non-canonical (the assistant turn
+  re-encoded from its ``<|im_start|>``) are not sent.
 
 Limits:
 * image rows are rendered by the server's own chat template (no ``chat_template`` is sent:
   vLLM may refuse request templates): it must render our turns as our prompt code does
-  (the model's template, as ``data.prompts`` reproduces it). A Thinking template that
-  rewrites a final assistant turn's think block (whitespace around ``</think>``) makes those
-  rows retokenized; a template that cannot continue the turn answers an HTTP error (the
-  row is dropped, counted as a failed request).
+  (the model's template, as ``data.prompts`` reproduces it). A Thinking template rewrites
+  the final assistant turn's think block (``<think>\\n`` + reasoning stripped of newlines +
+  ``\\n</think>\\n\\n``; an empty block before a response cut short inside its
+  reasoning): rows whose text differs from that form come back retokenized. A template
+  that cannot continue the turn answers an HTTP error (the row is dropped, counted as a
+  failed request).
 * vLLM's prompt log-probs are of the raw logits (``--logprobs-mode`` raw_logprobs, its
   default): temperature 1 over the whole vocabulary. ``rl.temperature`` must be 1.0 (a
   ConfigError otherwise) and the vision tokens our on-mesh scorers ban are not excluded
@@ -161,7 +163,7 @@ def chat_messages(prompt_text: str, response_text: str, images: Sequence) -> lis
     i = prompt_text.rfind(P.ASSISTANT_START)
     if i < 0:
         raise ValueError("the prompt does not end with an open assistant turn")
-    head, messages, pos, images = prompt_text[:i], [], 0, list(images)
+    head, messages, pos, images, n = prompt_text[:i], [], 0, list(images), len(images)
     for m in _TURN_RE.finditer(head):
         if m.start() != pos:
             break
@@ -170,7 +172,7 @@ def chat_messages(prompt_text: str, response_text: str, images: Sequence) -> lis
     if pos != len(head) or not messages:
         raise ValueError(f"the prompt is not a sequence of chat turns (at character {pos})")
     if images:
-        raise ValueError(f"{len(images)} images but fewer vision blocks in the prompt")
+        raise ValueError(f"{n} images but {n - len(images)} vision blocks in the prompt")
     return messages + [{"role": "assistant", "content": prompt_text[i + len(P.ASSISTANT_START):] + response_text}]
 
 
@@ -187,26 +189,32 @@ def _content(text: str, images: list):
     return parts + ([CE.text_part(text[last:])] if last < len(text) else [])
 
 
+def assistant_turn(tokenizer, prompt_ids: Sequence[int]) -> int:
+    """The position of the prompt's last ``<|im_start|>``: the open assistant turn (0 if none)."""
+    start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    return max((j for j, t in enumerate(prompt_ids) if int(t) == start), default=0)
+
+
 def canonical(tokenizer, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> bool:
     """Whether ``response_ids`` are the tokens ``tokenizer`` makes of their text after the
-    prompt (re-encoded from the prompt's last ``<|im_start|>``: what a server that renders
-    the text tokenizes). A sampler may emit other splits of the same text."""
-    start = tokenizer.convert_tokens_to_ids("<|im_start|>")
-    prompt = [int(t) for t in prompt_ids]
-    k = max((j for j, t in enumerate(prompt) if t == start), default=0)
-    ids = prompt[k:] + [int(t) for t in response_ids]
+    prompt (the assistant turn re-encoded from its ``<|im_start|>``: what a server that
+    renders the text tokenizes). A sampler may emit other splits of the same text."""
+    ids = [int(t) for t in prompt_ids[assistant_turn(tokenizer, prompt_ids):]] + [int(t) for t in response_ids]
     text = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]) == ids
 
 
 @dataclasses.dataclass
 class ChatRow:
-    """One image row's chat request: messages, our tokens (prompt + response), the prompt's
-    length, and the pixel bounds its screenshot was resized within."""
+    """One image row's chat request: messages, our tokens (prompt + response), how many of
+    them the server must render exactly (the turns before the assistant's, its
+    ``<|im_start|>`` included: a difference there is a ConfigError; after it, our assistant
+    text rendered otherwise: the row is retokenized), and the screenshot's pixel bounds."""
 
     messages: list
     seq: list
     n_prompt: int
+    n_fixed: int
     min_pixels: int
     max_pixels: int
 
@@ -224,7 +232,7 @@ def chat_row(tokenizer, prompt_ids: Sequence[int], response_ids: Sequence[int], 
     images = [I.patches_to_image(p, g, image_cfg) for p, g in zip(pixels, grids)]
     seq = [int(t) for t in prompt_ids] + [int(t) for t in response_ids]
     return ChatRow(chat_messages(decode(prompt_ids), decode(response_ids), images), seq, len(prompt_ids),
-                   image_cfg.min_pixels, image_cfg.max_pixels)
+                   assistant_turn(tokenizer, prompt_ids) + 1, image_cfg.min_pixels, image_cfg.max_pixels)
 
 
 class Mismatch(Exception):
@@ -366,7 +374,7 @@ class ServedScorer:
         try:
             value, _, _, _ = CE.with_retries(send, self.retries, self._delay, self._count)
         except Mismatch as m:
-            if m.pos >= row.n_prompt:      # the response's text, tokenized otherwise: no KL on the row
+            if m.pos >= row.n_fixed:      # our assistant text, rendered / tokenized otherwise: no KL on the row
                 self._count(RETOKENIZED)
                 return RETOKENIZED
             raise ConfigError(f"config key {self.key} = {self.url!r}: the server's chat prompt differs from ours "

@@ -48,3 +48,16 @@ def test_load_image_falls_back_to_sibling_extension(tmp_path):
     (tmp_path / "broken.png").write_bytes(b"not an image")
     with pytest.raises(I.ImageLoadError):
         I.load_image(str(tmp_path / "broken.png"))
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_patches_to_image_inverts_preprocess_image_exactly(family):
+    """The screenshot rebuilt from pixel patches (what a served scorer is sent) is the resized
+    image itself: preprocessing it again gives the same patches and grid, bit for bit."""
+    cfg = I.processor_config(family, min_pixels=4 * 32 * 32, max_pixels=64 * 32 * 32)
+    img = np.random.default_rng(0).integers(0, 256, (150, 230, 3), dtype=np.uint8)
+    pv, grid = I.preprocess_image(img, cfg)
+    back = I.patches_to_image(pv, grid, cfg)
+    assert back.shape == (grid[1] * cfg.patch_size, grid[2] * cfg.patch_size, 3) and back.dtype == np.uint8
+    pv2, grid2 = I.preprocess_image(back, cfg)
+    assert np.array_equal(grid, grid2) and np.array_equal(pv, pv2)

@@ -225,7 +225,7 @@ def stage(frozen, *, share=False, steps=1, images=False, **rl):
 # some token sequences are not the canonical tokenization of their text ('i' 'n' vs 'in').
 SPECIAL = {"<think>": 246, "</think>": 247, "<|endoftext|>": 248, "<|im_start|>": 249, "<|vision_end|>": 251,
            "<|vision_start|>": 252, "<|video_pad|>": 253, "<|image_pad|>": 254, "<|im_end|>": 255}
-MERGES = [("i", "n"), ("Ġ", "s"), ("e", "t")]
+MERGES = [("i", "n"), ("Ġ", "s"), ("e", "t"), ("Ċ", "Ċ")]
 LO, HI = 28 * 28 * 4, 28 * 28 * 12        # data.min_pixels / max_pixels of the image prompts
 
 
@@ -436,6 +436,50 @@ def test_a_server_expanding_images_otherwise_is_a_one_line_error_naming_the_key(
     assert "\n" not in msg and msg.startswith("config key rl.teachers.* = ") and "first difference at position" in msg
     assert "chat template" in msg and "min/max pixels" in msg
     assert m.requests <= 2        # not retried; the rows queued behind the failed one are cancelled
+
+
+def test_chat_messages_render_back_to_our_prompt_and_bad_layouts_are_errors():
+    """The messages rebuilt from a prompt's text (system string, user parts around the
+    vision block, the open assistant turn = generation prefix + response) render, with the
+    tokenizer's chat template and the turn continued, to exactly that prompt + response."""
+    tok = tiny_tokenizer()
+    prompt = P.chat_prompt_text("GUI agent.", P.vision_block(3) + "Open it.", "<think>\n")
+    img = np.zeros((28, 56, 3), np.uint8)
+    msgs = SV.chat_messages(prompt, "IJ<|im_end|>", [img])
+    assert msgs[0] == {"role": "system", "content": "GUI agent."}
+    assert msgs[1]["content"][0]["type"] == "image_url" and msgs[1]["content"][1] == {"type": "text", "text": "Open it."}
+    assert msgs[2] == {"role": "assistant", "content": "<think>\nIJ<|im_end|>"}
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False, continue_final_message=True)
+    assert text == prompt.replace(P.vision_block(3), P.vision_block(1)) + "IJ<|im_end|>"
+    for bad, images, why in [(prompt[:-len("<|im_start|>assistant\n<think>\n")], [img], "open assistant turn"),
+                             ("junk" + prompt, [img], "sequence of chat turns"),
+                             (prompt, [], "more vision blocks than images"), (prompt, [img, img], "2 images but 1 vision blocks")]:
+        with pytest.raises(ValueError, match=why):
+            SV.chat_messages(bad, "IJ", images)
+
+
+def test_canonical_and_the_assistant_turn_boundary():
+    tok = tiny_tokenizer()
+    ids = lambda t: tok(t, add_special_tokens=False)["input_ids"]
+    prompt = ids(P.chat_prompt_text("GUI agent.", "Open it."))
+    assert SV.canonical(tok, prompt, ids("IJ in<|im_end|>"))
+    i, n = tok.convert_tokens_to_ids(["i", "n"])
+    assert not SV.canonical(tok, prompt, ids("IJ ") + [i, n])
+    assert not SV.canonical(tok, prompt, ids("\nIJ"))     # merges with the prompt's last newline
+    assert prompt[SV.assistant_turn(tok, prompt)] == SPECIAL["<|im_start|>"]
+    assert tok.decode(prompt[SV.assistant_turn(tok, prompt):]) == "<|im_start|>assistant\n"
+
+
+def test_an_image_prompt_that_is_no_chat_is_a_one_line_error_naming_the_key():
+    params = tiny()[2]
+    s, _ = stage({"*": None}, images=True)
+    ro = rollout(s, params, image_prompts())
+    start = SPECIAL["<|im_start|>"]
+    ro.prompt_ids = np.where(ro.prompt_ids == start, SPECIAL["<|endoftext|>"], ro.prompt_ids)
+    with pytest.raises(ConfigError) as e:
+        PH.score(dataclasses.replace(s, frozen={"*": scorer("rl.teachers.*", "http://127.0.0.1:9/v1#m")}), params, ro)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("config key rl.teachers.* = ") and "as chat messages" in msg
 
 
 def test_non_canonical_responses_are_dropped_counted_and_the_rest_trained():
