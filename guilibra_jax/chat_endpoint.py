@@ -89,7 +89,9 @@ def models_url(url: str) -> str:
 
 def image_data_url(image: Any, fmt: str = "PNG") -> str:
     """A ``data:`` URL of a PIL image, an [H, W, 3] uint8 array, or encoded bytes (PNG
-    by default: lossless, so the server sees exactly these pixels)."""
+    by default: lossless, so the server sees exactly these pixels); a ``data:`` URL as is."""
+    if isinstance(image, str) and image.startswith("data:"):
+        return image
     if isinstance(image, (bytes, bytearray)):
         data, mime = bytes(image), "image/png" if bytes(image[:8]) == b"\x89PNG\r\n\x1a\n" else "image/jpeg"
     else:

@@ -54,6 +54,9 @@ ids must equal our prompt + response ids, image pads expanded per image grid inc
   re-encoded from its ``<|im_start|>``) are not sent.
 
 Limits:
+* one chat request per image row (a conversation each): the G rows of a group send their
+  prompt's screenshot G times (encoded once here; vLLM's multi-modal cache processes it
+  once), and ``rl.served.rows_per_request`` batches text rows only.
 * image rows are rendered by the server's own chat template (no ``chat_template`` is sent:
   vLLM may refuse request templates): it must render our turns as our prompt code does
   (the model's template, as ``data.prompts`` reproduces it). A Thinking template rewrites
@@ -158,8 +161,9 @@ def chat_messages(prompt_text: str, response_text: str, images: Sequence) -> lis
     """The chat messages whose rendering by a Qwen chat template, final assistant turn left
     open, is ``prompt_text + response_text``: each ``<|im_start|>role\\n...<|im_end|>\\n``
     turn of the prompt (a string, or text and ``image_url`` parts where it holds vision
-    blocks: ``images`` in order, as PNG data URLs), then the assistant turn: the prompt's
-    generation prefix + the response. ValueError for a prompt of another layout."""
+    blocks: ``images`` in order, anything ``chat_endpoint.image_part`` takes), then the
+    assistant turn: the prompt's generation prefix + the response. ValueError for a prompt
+    of another layout."""
     i = prompt_text.rfind(P.ASSISTANT_START)
     if i < 0:
         raise ValueError("the prompt does not end with an open assistant turn")
@@ -219,17 +223,21 @@ class ChatRow:
     max_pixels: int
 
 
-def chat_row(tokenizer, prompt_ids: Sequence[int], response_ids: Sequence[int], pixels: Sequence[np.ndarray],
-             grids: Sequence[Sequence[int]], image_cfg: I.ImageProcessorConfig) -> ChatRow | str:
-    """The :class:`ChatRow` of a row (its prompt's images rebuilt from our pixel patches,
-    exactly as resized here), or :data:`RETOKENIZED` when its response is not the canonical
-    tokenization of its text (the server would score other tokens). ValueError for a
-    prompt that is no chat of turns."""
+def screenshot_url(pixels: np.ndarray, grid: Sequence[int], image_cfg: I.ImageProcessorConfig) -> str:
+    """The PNG data URL of the image our pixel patches hold, exactly as resized here."""
+    return CE.image_data_url(I.patches_to_image(pixels, grid, image_cfg))
+
+
+def chat_row(tokenizer, prompt_ids: Sequence[int], response_ids: Sequence[int], images: Sequence,
+             image_cfg: I.ImageProcessorConfig) -> ChatRow | str:
+    """The :class:`ChatRow` of a row whose prompt holds ``images`` (:func:`screenshot_url`),
+    resized within ``image_cfg``'s pixel bounds, or :data:`RETOKENIZED` when its response is
+    not the canonical tokenization of its text (the server would score other tokens).
+    ValueError for a prompt that is no chat of turns."""
     if not canonical(tokenizer, prompt_ids, response_ids):
         return RETOKENIZED
     decode = lambda ids: tokenizer.decode([int(t) for t in ids], skip_special_tokens=False,
                                           clean_up_tokenization_spaces=False)
-    images = [I.patches_to_image(p, g, image_cfg) for p, g in zip(pixels, grids)]
     seq = [int(t) for t in prompt_ids] + [int(t) for t in response_ids]
     return ChatRow(chat_messages(decode(prompt_ids), decode(response_ids), images), seq, len(prompt_ids),
                    assistant_turn(tokenizer, prompt_ids) + 1, image_cfg.min_pixels, image_cfg.max_pixels)

@@ -447,13 +447,15 @@ def test_chat_messages_render_back_to_our_prompt_and_bad_layouts_are_errors():
     img = np.zeros((28, 56, 3), np.uint8)
     msgs = SV.chat_messages(prompt, "IJ<|im_end|>", [img])
     assert msgs[0] == {"role": "system", "content": "GUI agent."}
-    assert msgs[1]["content"][0]["type"] == "image_url" and msgs[1]["content"][1] == {"type": "text", "text": "Open it."}
+    assert msgs[1]["content"][0]["type"] == "image_url"
+    assert msgs[1]["content"][1] == {"type": "text", "text": "Open it."}
     assert msgs[2] == {"role": "assistant", "content": "<think>\nIJ<|im_end|>"}
     text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False, continue_final_message=True)
     assert text == prompt.replace(P.vision_block(3), P.vision_block(1)) + "IJ<|im_end|>"
     for bad, images, why in [(prompt[:-len("<|im_start|>assistant\n<think>\n")], [img], "open assistant turn"),
                              ("junk" + prompt, [img], "sequence of chat turns"),
-                             (prompt, [], "more vision blocks than images"), (prompt, [img, img], "2 images but 1 vision blocks")]:
+                             (prompt, [], "more vision blocks than images"),
+                             (prompt, [img, img], "2 images but 1 vision blocks")]:
         with pytest.raises(ValueError, match=why):
             SV.chat_messages(bad, "IJ", images)
 

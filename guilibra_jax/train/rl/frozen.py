@@ -164,12 +164,15 @@ def serve(f, ro, rows: np.ndarray, n_slots: int, shared: bool, tokenizer=None, i
     if image:
         if tokenizer is None or image_configs is None:
             raise ValueError("serve: rows with images need the tokenizer and the image configs")
-        chats = {}
+        chats, urls = {}, {}     # a group's rows share their prompt's screenshot: one PNG each
         for i in image:
             r = rows[i]
+            cfg = image_configs.for_platform(ro.platform[r])
+            key = id(ro.pixels[r])
+            if key not in urls:
+                urls[key] = SV.screenshot_url(ro.pixels[r], ro.grids[r], cfg)
             try:
-                chats[i] = SV.chat_row(tokenizer, prompt(r), response(r), [ro.pixels[r]], [ro.grids[r]],
-                                       image_configs.for_platform(ro.platform[r]))
+                chats[i] = SV.chat_row(tokenizer, prompt(r), response(r), [urls[key]], cfg)
             except ValueError as e:
                 raise ConfigError(f"config key {f.key} = {f.url!r}: cannot send row {r}'s prompt as chat "
                                   f"messages ({e})") from None
