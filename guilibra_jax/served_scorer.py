@@ -38,7 +38,9 @@ the prompt's generation prefix (``<think>\\n`` for Thinking templates) + the res
 (its stop token included), continued, not closed. The screenshot is rebuilt exactly from
 our pixel patches (:func:`data.images.patches_to_image`), i.e. already resized within the
 row's platform bounds ``data.min_pixels`` / ``data.max_pixels`` / ``data.pixels``, which
-``mm_processor_kwargs`` passes on (a Qwen-VL processor given them leaves that size as it is).
+``mm_processor_kwargs`` passes on (a Qwen-VL processor given them leaves that size as it is;
+one that takes its bounds otherwise, e.g. a ``size`` of shortest / longest edge, must be
+served with bounds that admit our sizes: the token check below tells).
 The reply carries ``prompt_logprobs`` and ``prompt_token_ids`` at its top level; the server's
 ids must equal our prompt + response ids, image pads expanded per image grid included:
 
