@@ -172,6 +172,11 @@ def test_grpo_report_from_eval_reports(tmp_path):
   assert res["runs"][first]["reward_mean"]["last"] == pytest.approx(np.mean([s / 30 for s in range(21, 31)]))
   assert res["runs"][first]["failed_groups"]["last"] == pytest.approx(0.25)
   assert f"| {first} |" in open(os.path.join(root, "report.md")).read()
+  for m in set(S.MODELS[1:]) - set(S.ONLINE):    # follow-up arms and diagnostics: both targets, each
+    r = scores(entries[m], S.PLATFORMS)
+    assert res["claims"][f"{m} online > sft overall, intervals disjoint"] == (
+      "yes" if r["overall"]["ci95"][0] > sft["overall"]["ci95"][1] else "no")
+    assert sum(k.startswith(f"{m} offline step accuracy down by at most 0.02") for k in res["claims"]) == 1
   w = res["runs"][first]["training_episodes"]       # 10 episodes of 2 steps, 2 successes
   assert w["last"] == {"episodes": 10, "success": 0.2, "mean_steps": 2.0, "at_step_limit": 0.0}
 
