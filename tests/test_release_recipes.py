@@ -59,8 +59,12 @@ def test_mopd_release(layout, tmp_path):
         "release", False, 10.0, False)
     assert c.rl.mopd.kl_mask == "off"                                      # mask off, as run_mopd.sh
     assert c.rl.group_filter.enabled and c.rl.group_filter.max_rounds == 0  # filter_groups, no round limit
-    assert (c.data.batch_size, c.rl.update_groups * c.rl.group_size) == (384, 1024) and c.data.max_length == 8192
-    if layout == "8x8":   # per FSDP group one group's 8 responses (their prompt computed once)
+    rollouts = 256 if layout == "served" else 1024   # served: 32 groups per update, so one host's update fits
+    assert (c.data.batch_size, c.rl.update_groups * c.rl.group_size) == (384, rollouts) and c.data.max_length == 8192
+    if layout == "served":
+        assert c.train.grad_accum * c.mesh.fsdp == rollouts    # one row per FSDP group per micro-batch
+        assert all("://" in t for t in mopd.get_config(layout).rl.teachers.values())   # URLs (_valid swaps them)
+    elif layout == "8x8":   # per FSDP group one group's 8 responses (their prompt computed once)
         assert c.train.grad_accum * c.mesh.fsdp * c.rl.group_size == 1024 and c.rl.score_rows == 128
     else:                 # one row per FSDP group per update micro-batch
         assert c.train.grad_accum * c.mesh.fsdp == 1024
