@@ -75,6 +75,14 @@ class Fatal(Exception):
         self.reason, self.detail = reason, detail
 
 
+def json_headers(api_key: str = "") -> dict[str, str]:
+    """A JSON request's headers, with ``Authorization: Bearer`` when ``api_key`` is set."""
+    h = {"Content-Type": "application/json"}
+    if api_key:
+        h["Authorization"] = f"Bearer {api_key}"
+    return h
+
+
 def completions_url(url: str) -> str:
     url = url.rstrip("/")
     return url if url.endswith("/chat/completions") else url + "/chat/completions"
@@ -172,10 +180,7 @@ class ChatEndpoint:
 
     # ------------------------------------------------------------------ internals
     def _headers(self) -> dict[str, str]:
-        h = {"Content-Type": "application/json"}
-        if self.api_key:
-            h["Authorization"] = f"Bearer {self.api_key}"
-        return h
+        return json_headers(self.api_key)
 
     def _count(self, reason: str) -> None:
         with self._lock:

@@ -419,10 +419,7 @@ class ServedScorer:
             raise CE.Retryable("connection") from None
 
     def _headers(self) -> dict[str, str]:
-        h = {"Content-Type": "application/json"}
-        if self.api_key:
-            h["Authorization"] = f"Bearer {self.api_key}"
-        return h
+        return CE.json_headers(self.api_key)
 
     def _count(self, reason: str) -> None:
         with self._lock:
