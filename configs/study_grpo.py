@@ -21,6 +21,12 @@
     grpo_online_wide_fast  the same at lr 1e-3 (the rate that collapsed 8-state steps)
     sft_long         diagnostic: the start's ASFT for twice its steps (2,400): does more
                      supervised training on the same data still raise online success?
+    grpo_long_wide   second follow-up: grpo_online_wide from sft_long (0.38 held-out online
+                     success, inside the issue's 0.2-0.5 band, and not saturated)
+    grpo_long_hot    the same, sampling at temperature 1.5 (the sampler's and the loss's
+                     log-probs both tempered; greedy play and evaluation unchanged): the start's
+                     per-token entropy is 0.07 at temperature 1, so most groups have equal rewards
+    choose_long      the choice between the two arms above, by the same training-episode rule
     choose           the online arm whose training episodes (train task seeds, the last
                      ``CHOOSE_WINDOW`` finished in the run) succeed most: a disclosed choice that
                      looks at no evaluation seed (greedy play's episodes are greedy ones, so they
@@ -60,12 +66,17 @@ CHOOSE_WINDOW = 200          # training episodes that choose the online arm
 CHOSEN = "choice.json"
 # A literal list of names: launch.recipes reads ARGS from the source without importing it.
 ARGS = ("sft", "grpo_online_warm", "grpo_online_greedy", "grpo_online_onpath", "grpo_online_wide", "grpo_online_wide_fast",
-        "sft_long")
+        "sft_long", "grpo_long_wide", "grpo_long_hot")
 ONLINE = ARGS[1:4]
+ONLINE_LONG = ARGS[7:9]      # the second follow-up's choice (choose_long), from sft_long
+STARTS = {a: "sft_long" for a in ONLINE_LONG}    # the model each arm starts from (default "sft")
+CHOSEN_LONG = "choice_long.json"
+HOT_TEMPERATURE = 1.5
 PLAYS = {"grpo_online_warm": "first", "grpo_online_greedy": "greedy", "grpo_online_onpath": "first",
-         "grpo_online_wide": "greedy", "grpo_online_wide_fast": "greedy"}
-STOP_AT_MISTAKE = ("grpo_online_onpath", "grpo_online_wide", "grpo_online_wide_fast")
-WIDE = ("grpo_online_wide", "grpo_online_wide_fast")
+         "grpo_online_wide": "greedy", "grpo_online_wide_fast": "greedy", "grpo_long_wide": "greedy",
+         "grpo_long_hot": "greedy"}
+STOP_AT_MISTAKE = ("grpo_online_onpath", "grpo_online_wide", "grpo_online_wide_fast") + ONLINE_LONG
+WIDE = ("grpo_online_wide", "grpo_online_wide_fast") + ONLINE_LONG
 WIDE_PROMPTS = 32            # grpo_online_wide: live states per step, one optimizer update per step
 WIDE_STEPS = 200
 WIDE_WARMUP = 20
@@ -74,10 +85,10 @@ SFT_LONG_STEPS = 2400         # sft_long: the start's ASFT for twice its steps (
 MODELS = ARGS
 
 
-def _grpo(root: str, smoke: bool):
+def _grpo(root: str, smoke: bool, start: str = "sft"):
     c = grpo_demo.get_config("smoke" if smoke else None)
     if not smoke:
-        c.model.hf_path = f"{root}/sft/export"
+        c.model.hf_path = f"{root}/{start}/export"
         c.train.steps = STEPS
         c.train.checkpoint_every = CHECKPOINT_EVERY
         c.train.eval_every = 0
@@ -95,9 +106,10 @@ def get_config(arg: str = "sft", root: str = ROOT, smoke: bool = False):
         if arg == "sft_long" and not smoke:
             c.train.steps = SFT_LONG_STEPS
         return c
-    c = _grpo(root, smoke)
+    start = STARTS.get(arg, "sft")
+    c = _grpo(root, smoke, start)
     if smoke:
-        c.model.hf_path = f"{root}/sft/export"
+        c.model.hf_path = f"{root}/{start}/export"
         c.tokenizer.path = ""
     c.rl.world = "synthetic"
     c.rl.online.workers = c.data.batch_size
@@ -112,13 +124,16 @@ def get_config(arg: str = "sft", root: str = ROOT, smoke: bool = False):
         c.train.checkpoint_every = 50
         if arg == "grpo_online_wide_fast":
             c.optim.lr = WIDE_FAST_LR
+    if arg == "grpo_long_hot":
+        c.rl.temperature = HOT_TEMPERATURE
     return c
 
 
-def choose(root: str) -> dict:
-    """The online arm with the highest success over its last CHOOSE_WINDOW training episodes."""
+def choose(root: str, arms_: tuple = ONLINE, chosen: str = CHOSEN) -> dict:
+    """The online arm of ``arms_`` with the highest success over its last CHOOSE_WINDOW
+    training episodes, written to ``root/chosen``."""
     arms = {}
-    for name in ONLINE:
+    for name in arms_:
         path = os.path.join(root, name, "online_episodes.jsonl")    # absent: no episode finished
         eps = []
         if os.path.exists(path):
@@ -129,7 +144,7 @@ def choose(root: str) -> dict:
                       "train_success": sum(e["success"] for e in last) / max(len(last), 1)}
     best = max(arms, key=lambda a: arms[a]["train_success"])
     out = {"arm": best, "arms": arms}
-    with open(os.path.join(root, CHOSEN), "w") as f:
+    with open(os.path.join(root, chosen), "w") as f:
         json.dump(out, f, indent=1)
     return out
 
@@ -144,6 +159,7 @@ def eval_config(path: str, smoke: bool = False):
 def plan(root: str = ROOT, smoke: bool = False) -> list[dict]:
     stages = [dict(name=a, kind="train", config=get_config(a, root, smoke)) for a in ARGS]
     stages.append(dict(name="choose", kind="call", call=lambda: choose(root)))
+    stages.append(dict(name="choose_long", kind="call", call=lambda: choose(root, ONLINE_LONG, CHOSEN_LONG)))
     stages += [dict(name=f"eval_{m}", kind="eval", model=m, config=eval_config(f"{root}/{m}/export", smoke))
                for m in MODELS]
     return stages

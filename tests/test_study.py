@@ -173,12 +173,27 @@ def test_grpo_report_from_eval_reports(tmp_path):
   assert res["runs"][first]["failed_groups"]["last"] == pytest.approx(0.25)
   assert f"| {first} |" in open(os.path.join(root, "report.md")).read()
   for m in set(S.MODELS[1:]) - set(S.ONLINE):    # follow-up arms and diagnostics: both targets, each
-    r = scores(entries[m], S.PLATFORMS)
-    assert res["claims"][f"{m} online > sft overall, intervals disjoint"] == (
-      "yes" if r["overall"]["ci95"][0] > sft["overall"]["ci95"][1] else "no")
+    r, start = scores(entries[m], S.PLATFORMS), S.STARTS.get(m, "sft")
+    s0 = scores(entries[start], S.PLATFORMS)
+    assert res["claims"][f"{m} online > {start} overall, intervals disjoint"] == (
+      "yes" if r["overall"]["ci95"][0] > s0["overall"]["ci95"][1] else "no")
     assert sum(k.startswith(f"{m} offline step accuracy down by at most 0.02") for k in res["claims"]) == 1
   w = res["runs"][first]["training_episodes"]       # 10 episodes of 2 steps, 2 successes
   assert w["last"] == {"episodes": 10, "success": 0.2, "mean_steps": 2.0, "at_step_limit": 0.0}
+  for i, arm in enumerate(S.ONLINE_LONG):           # the second choice, against its own start
+    with open(os.path.join(root, arm, "online_episodes.jsonl"), "w") as f:
+      for k in range(10):
+        f.write(json.dumps({"task": "mobile", "seed": k, "success": k < 8 - 3 * i, "steps": 2}) + "\n")
+  long = S.choose(root, S.ONLINE_LONG, S.CHOSEN_LONG)
+  assert long["arm"] == S.ONLINE_LONG[0]
+  res = grpo_report(root, S)
+  start = S.STARTS[long["arm"]]
+  assert start != "sft" and res["choice_long"]["arm"] == long["arm"]
+  r, s0 = scores(entries[long["arm"]], S.PLATFORMS), scores(entries[start], S.PLATFORMS)
+  assert res["claims"][f"{long['arm']} online > {start} overall, intervals disjoint"] == (
+    "yes" if r["overall"]["ci95"][0] > s0["overall"]["ci95"][1] else "no")
+  assert f"{long['arm']} online > sft overall, intervals disjoint" not in res["claims"]
+  assert all(f"{long['arm']} online > {start} on {p}" in res["claims"] for p in S.PLATFORMS)
 
 
 def test_unknown_stage_is_a_one_line_error(tmp_path):

@@ -319,11 +319,17 @@ def grpo_report(root: str, study) -> dict:
     """Every model's held-out online success per platform and overall (95% Wilson intervals)
     and offline step accuracy; per GRPO run: rollout reward, KL and the share of groups with
     all-equal rewards (first vs last window), training-episode success of the online runs;
-    the targets for the arm ``choose`` picked on training episodes."""
+    the targets (against each arm's start, ``study.STARTS``) for the arm ``choose`` picked on
+    training episodes, for the one ``choose_long`` picked, and for every arm outside both."""
     P = study.PLATFORMS
     rows = {m: scores(_eval_entries(root, m)[0], P) for m in study.MODELS}
     with open(os.path.join(root, study.CHOSEN)) as f:
         choice = json.load(f)
+    starts, online = study.STARTS, tuple(study.ONLINE) + tuple(study.ONLINE_LONG)
+    long_path, choice_long = os.path.join(root, study.CHOSEN_LONG), None
+    if os.path.exists(long_path):    # absent until choose_long has run
+        with open(long_path) as f:
+            choice_long = json.load(f)
     runs = {}
     for m in study.MODELS[1:]:
         run = {}
@@ -331,25 +337,31 @@ def grpo_report(root: str, study) -> dict:
             c = _curve(root, m, key)
             if c:
                 run[key] = {"first": _window(c, 10, last=False), "last": _window(c, 10, last=True)}
-        if m in study.ONLINE:
+        if m in online:
             run["training_episodes"] = _episode_windows(root, m, study.STEP_LIMIT)
         runs[m] = run
-    sft, best = rows["sft"], rows[choice["arm"]]
-    drop = (sft["overall"]["offline_step_success"] or 0) - (best["overall"]["offline_step_success"] or 0)
-    claims = {f"{choice['arm']} online > sft overall, intervals disjoint": "yes" if _disjoint_above(
-        best["overall"], sft["overall"]) else "no"}
-    for p in P:
-        claims[f"{choice['arm']} online > sft on {p}"] = _beats(best[p], sft[p], strict=True)
-    claims[f"{choice['arm']} offline step accuracy down by at most 0.02 (down {drop:+.3f})"] = \
-        "yes" if drop <= 0.02 else "no"
+    claims = {}
+
+    def targets(m, per_platform=False):
+        """Online above the arm's start with disjoint intervals; offline down by at most 0.02."""
+        start = starts.get(m, "sft")
+        r, s0 = rows[m], rows[start]
+        d = (s0["overall"]["offline_step_success"] or 0) - (r["overall"]["offline_step_success"] or 0)
+        claims[f"{m} online > {start} overall, intervals disjoint"] = "yes" if _disjoint_above(
+            r["overall"], s0["overall"]) else "no"
+        if per_platform:
+            for p in P:
+                claims[f"{m} online > {start} on {p}"] = _beats(r[p], s0[p], strict=True)
+        claims[f"{m} offline step accuracy down by at most 0.02 (down {d:+.3f})"] = "yes" if d <= 0.02 else "no"
+
+    targets(choice["arm"], per_platform=True)
+    if choice_long:                  # the second follow-up's own disclosed choice (from sft_long)
+        targets(choice_long["arm"], per_platform=True)
     for m in study.MODELS[1:]:
-        if m not in study.ONLINE:    # arms outside the choice (follow-ups, diagnostics): the same targets
-            r = rows[m]
-            d = (sft["overall"]["offline_step_success"] or 0) - (r["overall"]["offline_step_success"] or 0)
-            claims[f"{m} online > sft overall, intervals disjoint"] = "yes" if _disjoint_above(
-                r["overall"], sft["overall"]) else "no"
-            claims[f"{m} offline step accuracy down by at most 0.02 (down {d:+.3f})"] = "yes" if d <= 0.02 else "no"
-    results = {"study": "grpo", "models": rows, "runs": runs, "choice": choice, "claims": claims}
+        if m not in study.ONLINE and not (choice_long and m == choice_long["arm"]):
+            targets(m)               # arms outside the choices (follow-ups, diagnostics): the same targets
+    results = {"study": "grpo", "models": rows, "runs": runs, "choice": choice, "choice_long": choice_long,
+               "starts": {m: starts.get(m, "sft") for m in study.MODELS[1:]}, "claims": claims}
     figs = {key.replace("/", "_"): F.lines(os.path.join(root, f"grpo_{key.replace('/', '_')}.png"), title,
                                            [(m, _curve(root, m, key)) for m in study.MODELS[1:]])
             for key, title in (("reward_mean", "GRPO: rollout reward"), ("kl", "GRPO: KL to the SFT reference"),
@@ -358,7 +370,12 @@ def grpo_report(root: str, study) -> dict:
     results["figures"] = {k: os.path.basename(v) for k, v in figs.items()}
     lines = ["# GRPO from an SFT start on the synthetic world", "",
              f"Chosen online arm (training episodes only): **{choice['arm']}** "
-             + ", ".join(f"{a}: {r['train_success']:.2f} over {r['window']}" for a, r in choice["arms"].items()), "",
+             + ", ".join(f"{a}: {r['train_success']:.2f} over {r['window']}" for a, r in choice["arms"].items()), ""]
+    if choice_long:
+        lines += [f"Second follow-up, from sft_long, chosen the same way: **{choice_long['arm']}** "
+                  + ", ".join(f"{a}: {r['train_success']:.2f} over {r['window']}"
+                              for a, r in choice_long["arms"].items()), ""]
+    lines += [
              "## Models (held-out task seeds)", "",
              "| model | overall online | " + " | ".join(f"{p} online" for p in P) + " | offline | "
              + " | ".join(f"{p} offline" for p in P) + " |", "|" + "---|" * (3 + 2 * len(P))]
@@ -378,7 +395,7 @@ def grpo_report(root: str, study) -> dict:
                      f"{fl('failed_groups')} | {fl('online/episode_success')} |")
     lines += ["", f"## Training episodes of the online runs (first vs last 100; step limit {study.STEP_LIMIT})", "",
               "| run | episodes | success | mean steps | share at the step limit |", "|---|---|---|---|---|"]
-    for m in study.ONLINE:
+    for m in online:
         w = runs[m].get("training_episodes")
         if w:
             f, la = w["first"], w["last"]
