@@ -36,6 +36,12 @@ Remaining departures from the release, and why:
 Hardware: 1 x 8 H100 80GB (one host), every size; ``python -m launch.plan --config=configs/guilibra_sft.py:ARG``
 prints the per-device memory.
 
+QLoRA (``qwen2_5_vl_7b_qlora``): the 7B on 1 x H100 80GB, rank-16 adapters over an nf4 base
+(``model.quantize``), bfloat16 weights, one row per micro-batch x 16, samples up to 8,192
+tokens: planned at 66.2 GiB of 72 usable; the same with a bfloat16 base (plain LoRA) needs
+74.9 (benchmarks/results/plan-guilibra_sft-qwen2_5_vl_7b_qlora-1x1-cpu.json and
+plan-guilibra_sft-qwen2_5_vl_7b-lora16-bf16-1x1-cpu.json).
+
 TPU variants (``SIZE_v5p``; ``launch.plan`` compiles them with the TPU compiler, libtpu needed):
 ``qwen2_5_vl_3b_v5p`` on a TPU v5p-8 (2x2x1, 4 chips): FSDP over the 4 chips, one row per chip
 per micro-batch (data.batch_size 4 x train.grad_accum 64 = 256 rows per step); the TPU compiler
@@ -66,8 +72,10 @@ TPU_VARIANTS = {   # name: (size, slice, mesh.tensor)
     "qwen3_vl_8b_v5p": ("qwen3_vl_8b", V5P_2x2x2, 4),       # as the 7B: fsdp 2 x tensor 4
 }
 ARGS = ("qwen2_5_vl_3b", "qwen2_5_vl_7b", "qwen3_vl_4b", "qwen3_vl_8b", "qwen2_5_vl_3b_v5p", "qwen2_5_vl_7b_v5p",
-        "qwen3_vl_4b_v5p", "qwen3_vl_8b_v5p")   # a literal: launch.recipes reads it without importing
-assert set(ARGS[4:]) == set(TPU_VARIANTS)
+        "qwen3_vl_4b_v5p", "qwen3_vl_8b_v5p", "qwen2_5_vl_7b_qlora")   # a literal: launch.recipes reads it
+assert set(ARGS[4:8]) == set(TPU_VARIANTS)
+QLORA = {"qwen2_5_vl_7b_qlora": "qwen2_5_vl_7b"}   # QLoRA on one GPU (see the module docstring)
+H100_1x1 = ("1 x H100 80GB", 1, 1, 80)
 STEPS = 636                       # one epoch: ~81K steps x 2 samples (1:1 mix) / 256 per step
 RELEASE_PIXELS = (3136, 5720064)  # SFT/train.py: min_pixels, max_pixels of the processor
 
@@ -83,6 +91,8 @@ def parse_arg(arg):
 
 def get_config(arg="qwen2_5_vl_3b"):
     name, variant = parse_arg(arg)
+    qlora = name in QLORA
+    name = QLORA.get(name, name)
     name, tpu_slice, tpu_tensor = TPU_VARIANTS.get(name, (name, None, 1))
     family, fsdp, tensor = RECIPES[name]
     c = base_config()
@@ -123,7 +133,25 @@ def get_config(arg="qwen2_5_vl_3b"):
     c.train.checkpoint_every = 100
     if tpu_slice:
         on_tpu_slice(c, tpu_slice, step_rows=256, tensor=tpu_tensor)
+    if qlora:
+        on_one_gpu_qlora(c)
     return c
+
+
+def on_one_gpu_qlora(c):
+    """QLoRA on one H100 80GB: rank-16 adapters (alpha 32) on the decoder's projections over an
+    nf4 base, weights in bfloat16, lr 2e-4 (QLoRA's for 7B), one row per micro-batch x 16
+    (a global batch of 16: all 16 micro-batches' inputs sit on the device at once), samples up
+    to 8,192 tokens (24,576 does not fit one GPU)."""
+    c.hardware = hardware(*H100_1x1)
+    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 1, 1
+    c.model.lora.rank, c.model.lora.alpha = 16, 32.0
+    c.model.quantize = "nf4"
+    c.model.param_dtype = "bfloat16"
+    c.data.batch_size, c.train.grad_accum = 1, 16
+    c.data.max_length, c.data.seq_buckets = 8192, (4096, 8192)
+    c.data.workers = 2
+    c.optim.lr = 2e-4
 
 
 def on_tpu_slice(c, tpu_slice, step_rows: int, tensor: int = 1):

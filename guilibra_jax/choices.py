@@ -25,5 +25,6 @@ WANDB_MODES = ("online", "offline", "disabled")
 REBALANCE_KEYS = ("platform", "source")               # the record field naming a domain
 RL_WORLDS = ("", "miniwob", "synthetic")              # where RL prompts come from: the dataset | live episodes
 ONLINE_PLAYS = ("first", "greedy")                    # the response a live episode executes
+QUANTIZE = ("int8", "nf4")                            # model.quantize: QLoRA's frozen base (quantize.py)
 # The decoder's attention and MLP projections: the usual LoRA targets (regexes over '/'-joined parameter paths).
 LORA_TEXT_TARGETS = (r"^language_model/layers/(\d+/)?(self_attn/[qkvo]_proj|mlp/(gate|up|down)_proj)/kernel$",)

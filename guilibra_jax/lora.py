@@ -19,6 +19,10 @@ Adaptable: every Linear kernel (text q/k/v/o and gate/up/down, the vision tower'
 proj / MLPs, the patch mergers, an untied lm_head); not the patch embedding (a Conv3d in
 HF), embeddings, norms or biases.
 
+QLoRA (``model.quantize``): the adapted kernels of the frozen base are stored blockwise
+quantized (:mod:`guilibra_jax.quantize`, int8 or nf4; :func:`quantize_base`) and ``merge``
+dequantizes each one before adding its A @ B.
+
 Dropout: none. Merging at the forward applies one W' to every token, so it cannot drop
 PEFT's per-token LoRA input (``B(A(dropout(x)))``); ``dropout > 0`` is a ConfigError.
 """
@@ -33,6 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from guilibra_jax import choices as CH
+from guilibra_jax import quantize as Q
 from guilibra_jax.errors import ConfigError
 from guilibra_jax.models.checkpoint import kernel_in_dims
 from guilibra_jax.param_paths import param_paths, unmatched_patterns
@@ -149,17 +154,40 @@ def delta(kernel_shape: tuple, a: jax.Array, b: jax.Array) -> jax.Array:
 
 def merge(params: Any, adapters: dict[str, dict[str, jax.Array]], spec: LoraSpec) -> Any:
   """``params`` with W + (alpha / r) * A @ B in place of each adapted kernel (computed in the
-  wider of the two dtypes, returned in W's). Jit-able, differentiable in ``adapters``."""
+  wider of the two dtypes, returned in W's; a quantized W is dequantized first). Jit-able,
+  differentiable in ``adapters``."""
   paths = param_paths(params)
   missing = sorted(set(adapters) - set(jax.tree.leaves(paths)))
   if missing:
     raise ValueError(f"adapters for {missing[0]} ({len(missing)} in all) have no parameter in params")
 
-  def one(path, w):
+  def one(w, path):
+    if Q.is_quantized(w):
+      w = Q.dequantize(w)
     if path not in adapters:
       return w
     a, b = adapters[path]["lora_a"], adapters[path]["lora_b"]
     wide = jnp.promote_types(w.dtype, jnp.result_type(a, b))
     return (w.astype(wide) + spec.scale * delta(w.shape, a, b).astype(wide)).astype(w.dtype)
 
-  return jax.tree.map(one, paths, params)
+  return jax.tree.map(one, params, paths, is_leaf=Q.is_quantized)
+
+
+def quantize_base(params: Any, paths: list[str], kind: str) -> Any:
+  """``params`` with each kernel at ``paths`` as a :class:`quantize.QuantizedKernel` of
+  ``kind`` (jit-able; abstract ``params`` give abstract codes and scales)."""
+  keep = set(paths)
+
+  def one(w, path):
+    if path not in keep:
+      return w
+    if isinstance(w, jax.ShapeDtypeStruct):
+      return Q.abstract_quantized(w, kind, path)
+    return Q.quantize(w, kind, path)
+
+  return jax.tree.map(one, params, param_paths(params))
+
+
+def dequantize_base(params: Any) -> Any:
+  """``params`` with every quantized kernel back in its dtype (the base without adapters)."""
+  return jax.tree.map(lambda w: Q.dequantize(w) if Q.is_quantized(w) else w, params, is_leaf=Q.is_quantized)

@@ -8,12 +8,15 @@ from typing import Any
 
 import jax
 
+from guilibra_jax.quantize import is_quantized
+
 
 def param_paths(params: Any) -> Any:
-    """Same tree as ``params`` with each leaf replaced by its '/'-joined path."""
+    """Same tree as ``params`` with each leaf replaced by its '/'-joined path (a quantized
+    kernel, :class:`quantize.QuantizedKernel`, is one leaf)."""
     def name(path, _):
         return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-    return jax.tree_util.tree_map_with_path(name, params)
+    return jax.tree_util.tree_map_with_path(name, params, is_leaf=is_quantized)
 
 
 def unmatched_patterns(params: Any, patterns) -> list[str]:

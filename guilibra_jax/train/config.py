@@ -105,6 +105,10 @@ KEYS: dict[str, Key] = {
     "model.lora.targets": Key(CH.LORA_TEXT_TARGETS, K.strings("regexes, re.search-ed over '/'-joined parameter paths"),
                               "the Linear kernels LoRA adapts; a pattern that matches nothing is an error; default: "
                               "the decoder's q/k/v/o and gate/up/down projections"),
+    "model.quantize": Key("", K.one_of("", *CH.QUANTIZE),
+                          "QLoRA: store the frozen base's adapted kernels (model.lora.targets) blockwise quantized, "
+                          "int8 or nf4 (64 entries per float32 scale), dequantized at each merge; '' = the base in "
+                          "model.param_dtype. Needs model.lora.rank > 0"),
     # ------------------------------------------------------------------ tokenizer
     "tokenizer.path": Key("", K.folder_or_empty("a tokenizer folder; '' = the model folder's"),
                           "tokenizer folder; '' = the model folder's tokenizer"),
@@ -570,6 +574,9 @@ class Known:
 
 def _check_lora(c, _known: Known) -> None:
     lo = c.model.lora
+    if c.model.quantize and not lo.rank:
+        _fail("model.quantize", c.model.quantize, "'' without LoRA: a quantized base is frozen, so only adapters "
+              "can train on it (set model.lora.rank > 0)")
     if not lo.rank:
         return
     if lo.dropout:

@@ -30,6 +30,7 @@ from guilibra_jax.train import plan as PLAN
 from guilibra_jax.train import workdir_lock
 from guilibra_jax.train.curves import write_curves
 from guilibra_jax.train.guards import Divergence, Preemption
+from guilibra_jax.train.lora_state import check_base
 from guilibra_jax.train.metrics import Progress, writer_for_run
 from guilibra_jax.train.profiler import StepProfiler
 from guilibra_jax.train.rl.trainer import RLTrainer
@@ -45,6 +46,7 @@ class Trainer(Protocol):
     graphdef: Any
     model_config: Any
     eval_at_start: bool
+    lora_base: Any      # LoRA: lora_state.FrozenBase (the state's params are adapters); else None
 
     def plan(self, state: dict, device_memory_gib: float | None) -> dict:
         """The memory plan of the trainer's programs on its mesh (``state``: the train state)."""
@@ -180,6 +182,7 @@ def _run(config, workdir: str, make_trainer: Callable) -> dict:
 
     data = trainer.open_data()
     ckpt, start, state = open_checkpoints(workdir, tc, state, data)
+    check_base(trainer.lora_base, config, workdir, resumed=start > 0, is_main=is_main)
     writer = writer_for_run(config, workdir, enabled=is_main)
     progress = Progress(tc.steps, start, enabled=is_main and tc.progress)
     profiler = StepProfiler(workdir, tc.profile_steps, enabled=is_main)

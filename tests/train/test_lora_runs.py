@@ -154,6 +154,7 @@ def test_a_run_resumed_from_its_step_2_checkpoint_ends_bitwise_equal(run_dir, tm
     ("model.lora.rank", 100000, "model.lora.rank"),
     ("model.lora.dropout", 0.1, "model.lora.dropout"),
     ("optim.freeze", ("embed",), "optim.freeze"),
+    ("model.quantize", "fp8", "model.quantize"),
 ])
 @pytest.mark.parametrize("validated", [True, False], ids=["launch", "train"])
 def test_bad_lora_settings_are_one_line_errors_naming_the_key(tmp_path, key, value, shown, validated):
@@ -167,6 +168,20 @@ def test_bad_lora_settings_are_one_line_errors_naming_the_key(tmp_path, key, val
         node = node[g]
     node[name] = value
     with pytest.raises(ConfigError, match=shown.replace(".", r"\.")) as e:
+        if validated:
+            run_config.validate(c)
+        train(c, str(tmp_path / "bad"))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("validated", [True, False], ids=["launch", "train"])
+def test_quantize_without_lora_is_a_one_line_error(tmp_path, validated):
+    from guilibra_jax.train import config as run_config
+    from guilibra_jax.train.run import train
+    c = _config()
+    c.model.lora.rank = 0
+    c.model.quantize = "nf4"
+    with pytest.raises(ConfigError, match=r"model\.quantize.*model\.lora\.rank") as e:
         if validated:
             run_config.validate(c)
         train(c, str(tmp_path / "bad"))
@@ -187,3 +202,83 @@ def test_grpo_with_lora_scores_its_reference_on_the_base_itself(tmp_path):
         s.policy(state["params"])
     assert s.lora._merge._cache_size() == 1
     assert all(p.endswith(("/lora_a", "/lora_b")) for p in _flat(state["params"]))
+
+
+@pytest.mark.parametrize("kind", ["nf4", "int8"])
+def test_qlora_trains_adapters_on_the_quantized_base_and_exports_their_merge(tmp_path, kind):
+    """model.quantize: checkpoints still hold only adapters; the merged export is the
+    dequantized base plus the exported adapter (what the run trained on), which differs from
+    the plain base by at most the quantization error; the training loss falls."""
+    import json
+    from guilibra_jax import lora as L
+    from guilibra_jax import quantize as Q
+    from guilibra_jax.lora_export import load_peft_adapter
+    from guilibra_jax.train.run import train
+    c = _config()
+    c.model.quantize = kind
+    workdir = str(tmp_path / "run")
+    train(c, workdir)
+    test_checkpoints_hold_only_the_adapters(workdir)
+    exported, mc = _params(os.path.join(workdir, "export"))
+    base, _ = _base(workdir, tmp_path)
+    adapters, spec = load_peft_adapter(os.path.join(workdir, "adapter"), base, mc)
+    quantized = L.quantize_base(base, L.adapted_paths(base, spec), kind)
+    merged, got, base_f = _flat(L.merge(quantized, adapters, spec)), _flat(exported), _flat(base)
+    for path, want in merged.items():
+        np.testing.assert_allclose(np.asarray(got[path]), np.asarray(want), rtol=0, atol=1e-6, err_msg=path)
+    plain = _flat(L.dequantize_base(quantized))
+    for path in adapters:     # the quantized kernels moved from the base by the quantization error only
+        w = np.asarray(base_f[path])
+        assert 0 < np.abs(np.asarray(plain[path]) - w).max() <= Q.MAX_ERROR[kind] * np.abs(w).max() + 1e-6
+    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl")) if '"loss"' in line]
+    assert rows[-1]["loss"] < rows[0]["loss"]
+
+
+def test_grpo_with_qlora_scores_its_reference_on_the_dequantized_base(tmp_path):
+    """GRPO's default reference under QLoRA is the quantized base, dequantized at each scoring
+    (no second resident copy): with fresh adapters the policy is that same model, so the
+    first update's KL is 0."""
+    import json
+    from guilibra_jax import quantize as Q
+    from guilibra_jax.train.run import train
+    c = _config("grpo_demo")
+    c.model.quantize = "nf4"
+    c.train.steps = 1
+    c.rl.minibatches = 1              # one update per step: its KL is measured before any change
+    workdir = str(tmp_path / "run")
+    train(c, workdir)
+    first = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl")) if '"kl"' in line][0]
+    assert first["kl"] == pytest.approx(0.0, abs=1e-6) and np.isfinite(first["loss"])
+    from guilibra_jax.train import data_source
+    from guilibra_jax.train import multihost as MH
+    from guilibra_jax.train.rl.setup import setup
+    s, state, _ = setup(c, MH.run_mesh(c), data_source.prepare_tokenizer(c, str(tmp_path / "tok")))
+    ref = s.frozen["reference"]
+    assert ref.params is s.lora.base and any(Q.is_quantized(x) for x in jax.tree.leaves(ref.params, is_leaf=Q.is_quantized))
+    plain = ref.plain_params()
+    merged = s.policy(state["params"])
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), plain, merged)
+
+
+def test_resuming_on_another_base_is_a_one_line_error_naming_the_key(run_dir, tmp_path):
+    """The checkpoints hold only adapters: a resumed run whose base differs from the recorded
+    one refuses to start, even where the config check lets the change through
+    (train.allow_config_change; or the same model.hf_path whose files were replaced). Here
+    another random init stands for another base."""
+    from guilibra_jax.train.lora_state import BASE_RECORD
+    from guilibra_jax.train.run import train
+    assert os.path.exists(os.path.join(run_dir, BASE_RECORD))
+    resumed = str(tmp_path / "resumed")
+    shutil.copytree(run_dir, resumed)
+    shutil.rmtree(os.path.join(resumed, "export"))
+    c = _config()
+    c.model.seed = 7                   # another base
+    c.train.allow_config_change = True
+    with pytest.raises(ConfigError, match=r"model\.hf_path.*differs from the one the adapters") as e:
+        train(c, resumed)
+    assert "\n" not in str(e.value)
+    c = _config()
+    c.model.quantize = "int8"          # the same base, quantized: not what the adapters saw either
+    c.train.allow_config_change = True
+    with pytest.raises(ConfigError, match=r"model\.quantize"):
+        train(c, resumed)

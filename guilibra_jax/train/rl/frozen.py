@@ -42,12 +42,18 @@ RANDOM_PREFIX = "random:"
 
 @dataclasses.dataclass
 class Frozen:
-    """A scored-only model: graphdef, params sharded on the mesh, its ModelConfig."""
+    """A scored-only model: graphdef, params sharded on the mesh, its ModelConfig, and
+    ``unpack``: None, or what turns ``params`` into the model's plain parameters before each
+    scoring (QLoRA's quantized base as GRPO's reference: a dequantized copy per call)."""
 
     name: str
     graphdef: Any
     params: Any
     model_config: Any
+    unpack: Callable | None = None
+
+    def plain_params(self):
+        return self.params if self.unpack is None else self.unpack(self.params)
 
     @property
     def bytes(self) -> int:
@@ -134,10 +140,11 @@ def from_params(name: str, graphdef, params, model_config, dtype, param_sh) -> F
 def score(f: Frozen, seq: dict, *, temperature: float, chunk: int | None, banned: tuple[int, ...]) -> jax.Array:
     """Per-token log-probs (global rows) of the device batch ``seq``: [R, N'] in the
     shared-prompt layout (``rollout.shared_batch``), else [R, T] of whole sequences."""
+    params = f.plain_params()
     if "prompt_ids" in seq:
-        return G.score_shared(f.graphdef, f.params, seq, temperature=temperature, chunk_size=chunk,
+        return G.score_shared(f.graphdef, params, seq, temperature=temperature, chunk_size=chunk,
                               banned_token_ids=banned)
-    return G.score(f.graphdef, f.params, seq["input_ids"], seq["positions"], seq["segment_ids"],
+    return G.score(f.graphdef, params, seq["input_ids"], seq["positions"], seq["segment_ids"],
                    seq["pixel_values"], seq["vision"], seq["response_mask"], temperature=temperature,
                    chunk_size=chunk, banned_token_ids=banned)
 

@@ -32,7 +32,7 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     M = tc.grad_accum
     abs_state = P.abstract(state, state_sh)
     # the policy's model parameters: the state's, or with LoRA the base's shapes (merged with the adapters)
-    policy = abs_state["params"] if s.lora is None else P.abstract(s.lora.base, s.lora.base_sh)
+    policy = abs_state["params"] if s.lora is None else s.lora.plain_abstract()
     trained = "policy_params" if s.lora is None else "lora_adapters"
     resident = {trained: P.per_device_bytes(abs_state["params"]),
                 "optimizer_state": P.per_device_bytes(abs_state["opt_state"])}
@@ -40,7 +40,8 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
         if not FZ.is_served(f):      # a served scorer holds nothing here
             resident[f"frozen_{name}"] = P.per_device_bytes(f.params)
     if s.lora is not None and not any(f.params is s.lora.base for f in s.frozen.values()):
-        resident["frozen_base"] = P.per_device_bytes(policy)    # (GRPO's default reference is the base itself)
+        # (GRPO's default reference is the base itself)
+        resident["frozen_base"] = P.per_device_bytes(P.abstract(s.lora.base, s.lora.base_sh))
     programs: dict[str, dict[str, int]] = {}
 
     # update step (the shared-prompt layout with the copies per prompt the trainer's micro-batches allow)
@@ -86,7 +87,8 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     b = P.batch_struct(mesh, seq, micro_axis=False)
     scored = [] if reuse_sampler_log_probs(rl) else [("policy", s.graphdef, policy)]
     done = []   # (graphdef, params' shapes and shardings, stats): teachers of one architecture compile once
-    on_mesh = [(n, f.graphdef, P.abstract(f.params)) for n, f in s.frozen.items() if not FZ.is_served(f)]
+    on_mesh = [(n, f.graphdef, s.lora.plain_abstract() if f.unpack else P.abstract(f.params))
+               for n, f in s.frozen.items() if not FZ.is_served(f)]
     for name, gd, params in scored + on_mesh:
         sig = [(x.shape, x.dtype, x.sharding) for x in jax.tree.leaves(params)]
         same = next((st for g, sg, st in done if g == gd and sg == sig), None)

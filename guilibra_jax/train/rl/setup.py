@@ -169,7 +169,8 @@ def setup(config, mesh, tokenizer, *, materialize: bool = True) -> tuple[Stage2,
             frozen["reference"] = FZ.load("reference", rl.reference, config, mesh, tokenizer, materialize=materialize,
                                           key="rl.reference")
         elif lora is not None:   # the base without the adapter: no second copy of the weights
-            frozen["reference"] = FZ.Frozen("reference", graphdef, base, model_config)
+            frozen["reference"] = FZ.Frozen("reference", graphdef, base, model_config,
+                                            unpack=lora.plain if lora.quantize else None)
         else:  # the starting policy
             frozen["reference"] = FZ.from_params("reference", graphdef, params, model_config,
                                                  model_factory.dtype_of(config.model.dtype, "model.dtype"), param_sh)

@@ -56,6 +56,7 @@ class RLTrainer:
 
     def __init__(self, s: PH.Stage2, workdir: str, state_sh):
         self.s, self.workdir, self.state_sh = s, workdir, state_sh
+        self.lora_base = s.lora
         self.config, self.graphdef, self.model_config = s.config, s.graphdef, s.model_config
         self.eval_at_start = True   # the starting (SFT) policy, for comparison
         self.prompts = None

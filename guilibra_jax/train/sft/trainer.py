@@ -29,7 +29,7 @@ class SFTTrainer:
                  data_factory: Callable | None = None, frozen: FrozenBase | None = None):
         self.config, self.workdir, self.mesh, self.tokenizer = config, workdir, mesh, tokenizer
         self.graphdef, self.model_config, self.state_sh, self.jit_step = graphdef, model_config, state_sh, jit_step
-        self.frozen = frozen          # LoRA: the frozen base (the state's params are the adapters)
+        self.frozen = self.lora_base = frozen    # LoRA: the frozen base (the state's params are the adapters)
         self._frozen_args = () if frozen is None else (frozen.base,)
         self.data_factory = data_factory or data_source.make_train_data
         self.data = None
