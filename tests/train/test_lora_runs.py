@@ -204,11 +204,11 @@ def test_grpo_with_lora_scores_its_reference_on_the_base_itself(tmp_path):
     assert all(p.endswith(("/lora_a", "/lora_b")) for p in _flat(state["params"]))
 
 
-@pytest.mark.parametrize("kind", ["nf4", "int8"])
-def test_qlora_trains_adapters_on_the_quantized_base_and_exports_their_merge(tmp_path, kind):
-    """model.quantize: checkpoints still hold only adapters; the merged export is the
-    dequantized base plus the exported adapter (what the run trained on), which differs from
-    the plain base by at most the quantization error; the training loss falls."""
+def test_qlora_trains_adapters_on_the_quantized_base_and_exports_their_merge(tmp_path, kind="nf4"):
+    """model.quantize (nf4 here; int8 takes the same path, its codes are tests/test_quantize.py's):
+    checkpoints still hold only adapters; the merged export is the dequantized base plus the
+    exported adapter (what the run trained on), which differs from the plain base by at most
+    the quantization error; the training loss falls."""
     import json
     from guilibra_jax import lora as L
     from guilibra_jax import quantize as Q
