@@ -88,3 +88,49 @@ def test_merge_over_a_quantized_base_is_lora_on_the_dequantized_base(kind):
     jitted = jax.jit(lambda b, a: L.merge(b, a, spec))(base, adapters)       # a pytree argument of jit
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6),
                  jitted, want)
+
+
+_SHARDED = r"""
+import os, json
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from guilibra_jax import lora as L, quantize as Q
+mesh = Mesh(np.array(jax.devices()).reshape(4), ("fsdp",))
+k = jax.random.split(jax.random.key(0), 3)
+params = {"a": {"kernel": jax.random.normal(k[0], (64, 256))},     # codes [64, 128], scales [64, 4]: both split 4 ways
+          "b": {"kernel": jax.random.normal(k[1], (16, 2, 32))},   # sharded on the first axis: all alike
+          "c": {"kernel": jax.random.normal(k[2], (8, 128))}}      # scales [8, 2]: 4 does not divide 2
+sh = {"a": {"kernel": NamedSharding(mesh, P(None, "fsdp"))}, "b": {"kernel": NamedSharding(mesh, P("fsdp", None, None))},
+      "c": {"kernel": NamedSharding(mesh, P(None, "fsdp"))}}
+spec = L.LoraSpec(rank=2, alpha=2.0, targets=("kernel$",))
+paths = L.adapted_paths(params, spec)
+q_abs = L.quantize_base(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params), paths, "nf4")
+q_sh = jax.tree.map(lambda q, s: Q.shardings_like(q, s), q_abs, sh, is_leaf=Q.is_quantized)
+base = jax.jit(lambda p: L.quantize_base(p, paths, "nf4"), out_shardings=q_sh)(jax.device_put(params, sh))
+adapters = jax.tree.map(lambda x: x + 0.05, L.init_adapters(params, spec, jax.random.key(1)))
+merged = jax.jit(lambda b, a: L.merge(b, a, spec), out_shardings=sh)(base, adapters)
+want = L.merge(L.quantize_base(params, paths, "nf4"), adapters, spec)
+err = max(float(np.abs(np.asarray(merged[n]["kernel"]) - np.asarray(want[n]["kernel"])).max()) for n in "abc")
+specs = {n: [tuple(base[n]["kernel"].codes.sharding.spec), tuple(base[n]["kernel"].scales.sharding.spec)] for n in "abc"}
+print(json.dumps({"err": err, "specs": specs}))
+"""
+
+
+def test_a_quantized_base_shards_like_its_kernels_on_a_mesh():
+    """Codes and scales take their kernel's partition spec where it divides them (else that
+    axis is unsharded); the merge on 4 devices equals the one-device merge."""
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", _SHARDED], cwd=root, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": root})
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["err"] <= 1e-5
+    assert out["specs"]["a"] == [[None, "fsdp"], [None, "fsdp"]]
+    assert out["specs"]["b"] == [["fsdp", None, None], ["fsdp", None, None]]
+    assert out["specs"]["c"] == [[None, "fsdp"], [None, None]]
