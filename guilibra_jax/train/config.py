@@ -106,9 +106,8 @@ KEYS: dict[str, Key] = {
                               "the Linear kernels LoRA adapts; a pattern that matches nothing is an error; default: "
                               "the decoder's q/k/v/o and gate/up/down projections"),
     "model.quantize": Key("", K.one_of("", *CH.QUANTIZE),
-                          "QLoRA: store the frozen base's adapted kernels (model.lora.targets) blockwise quantized, "
-                          "int8 or nf4 (64 entries per float32 scale), dequantized at each merge; '' = the base in "
-                          "model.param_dtype. Needs model.lora.rank > 0"),
+                          "QLoRA: the frozen base's adapted kernels stored blockwise quantized (int8 or nf4), "
+                          "dequantized at each merge; '' = off. Needs model.lora.rank > 0"),
     # ------------------------------------------------------------------ tokenizer
     "tokenizer.path": Key("", K.folder_or_empty("a tokenizer folder; '' = the model folder's"),
                           "tokenizer folder; '' = the model folder's tokenizer"),
@@ -381,7 +380,9 @@ SECTIONS: dict[str, str] = {
                   "resume. GRPO's reference is then the base itself (no second copy) unless `rl.reference` names "
                   "another model. "
                   "The run exports the merged model (`export/`) and the adapter alone in PEFT's format (`adapter/`, "
-                  "for `peft.PeftModel.from_pretrained` and vLLM's LoRA serving).",
+                  "for `peft.PeftModel.from_pretrained` and vLLM's LoRA serving). QLoRA (`model.quantize`): the "
+                  "kernels LoRA adapts are kept quantized, 64 entries per float32 scale (guilibra_jax/quantize.py); "
+                  "a resumed run checks its base against `lora_base.json` in the workdir.",
     "data": "Records, prompts and batches. `data.batch_size` is the batch over all processes (SFT: samples; RL: "
             "prompts per round) and must divide by the process count.",
     "data.rebalance": "GUI-Libra's RL subset (`data.mixing.rebalance`), applied before `data.mix`.",
