@@ -125,18 +125,19 @@ def _nbytes(tree) -> int:
 
 
 BASE_RECORD = "lora_base.json"   # <workdir>/lora_base.json: what the adapters in checkpoints/ were trained on
-BASE_RTOL = 1e-4                 # per-leaf sums: the same weights on another mesh sum in another order
+BASE_RTOL = 1e-4   # the same weights on another mesh sum in another order; positive sums only, so relative holds
 
 
 @functools.partial(jax.jit, out_shardings=None)
 def _leaf_sums(tree):
-    return jax.tree.map(lambda x: jnp.stack([jnp.sum(x.astype(jnp.float32)),
+    return jax.tree.map(lambda x: jnp.stack([jnp.sum(jnp.abs(x.astype(jnp.float32))),
                                              jnp.sum(jnp.square(x.astype(jnp.float32)))]), tree)
 
 
 def base_fingerprint(frozen: FrozenBase) -> dict[str, list[float]]:
-    """Per leaf of the frozen base (quantized codes and scales under QLoRA), by path: [sum,
-    sum of squares]. One pass over the weights on the mesh (a collective with several
+    """Per leaf of the frozen base (quantized codes and scales under QLoRA), by path: [sum of
+    absolute values, sum of squares] (no signed sum: one near 0 would make a relative check
+    fail on rounding alone). One pass over the weights on the mesh (a collective with several
     processes)."""
     sums = jax.device_get(_leaf_sums(frozen.base))
     paths = jax.tree.leaves(jax.tree_util.tree_map_with_path(lambda p, _: jax.tree_util.keystr(p), frozen.base))
