@@ -37,6 +37,11 @@
                      succeed more for the same policy: the choice leans to it)
     eval_<model>     held-out offline step accuracy and online success on ``EVAL_EPISODES``
                      held-out task seeds per platform (launch.eval)
+    confirm_<model>  third follow-up, fixed (models, count, claims) and committed before it ran:
+                     ``CONFIRM``'s two models (the second choice and its start) on the first
+                     ``CONFIRM_EPISODES`` held-out task seeds per platform; the claims use only
+                     the seeds eval_<model> did not play (600 fresh per platform), both models on
+                     the same seeds: Wilson intervals and a paired bootstrap of the difference
 
 Earlier setup (commit 4129e2d, docs/study/grpo/earlier_setup/): 200 steps at a constant lr
 of 1e-4 / 3e-4 / 1e-3 without warm-up, and GRPO on the dataset's step prompts; none raised
@@ -46,6 +51,10 @@ the rate passed ~5e-4: KL 0.33, reward 0.41 -> 0.25 by step 110, stopped there).
 The follow-up arms were designed after the three arms above had been evaluated on the
 held-out seeds (and after docs/study/grpo/headroom.py had looked at held-out steps), so they
 are not part of the choice; the report gives each one the same targets.
+
+The third follow-up (confirm_*) answers whether grpo_long_wide's +0.06 over sft_long on 200
+seeds per platform holds on seeds nobody has looked at: at +0.06 disjoint 95% intervals need
+about 600 episodes per platform, so the count was fixed at 600 fresh ones before any ran.
 
 Target (issue 27, part 4): the chosen arm's held-out online success above the SFT start's
 with non-overlapping 95% intervals, held-out offline step accuracy down by at most 0.02.
@@ -87,6 +96,8 @@ WIDE_WARMUP = 20
 WIDE_FAST_LR = 1e-3          # grpo_online_wide_fast: the rate that collapsed 8-prompt steps
 SFT_LONG_STEPS = 2400         # sft_long: the start's ASFT for twice its steps (is the start saturated?)
 MODELS = ARGS
+CONFIRM = ("sft_long", "grpo_long_wide")   # (start, arm): choose_long's arm against its start
+CONFIRM_EPISODES = 800       # held-out seeds per platform: the first EVAL_EPISODES were looked at
 
 
 def _grpo(root: str, smoke: bool, start: str = "sft"):
@@ -155,10 +166,15 @@ def choose(root: str, arms_: tuple = ONLINE, chosen: str = CHOSEN) -> dict:
     return out
 
 
-def eval_config(path: str, smoke: bool = False):
+def eval_config(path: str, smoke: bool = False, episodes: int = EVAL_EPISODES):
+    """launch.eval of ``path`` on the first ``episodes`` held-out task seeds per platform
+    (smoke: the smoke count times ``episodes // EVAL_EPISODES``, so that a confirm stage has
+    fresh seeds there too)."""
     c = _eval_config(path, smoke)
-    if not smoke:
-        c.online.episodes = EVAL_EPISODES
+    if smoke:
+        c.online.episodes *= max(1, episodes // EVAL_EPISODES)
+    else:
+        c.online.episodes = episodes
     return c
 
 
@@ -168,4 +184,6 @@ def plan(root: str = ROOT, smoke: bool = False) -> list[dict]:
     stages.append(dict(name="choose_long", kind="call", call=lambda: choose(root, ONLINE_LONG, CHOSEN_LONG)))
     stages += [dict(name=f"eval_{m}", kind="eval", model=m, config=eval_config(f"{root}/{m}/export", smoke))
                for m in MODELS]
+    stages += [dict(name=f"confirm_{m}", kind="eval", model=m,
+                    config=eval_config(f"{root}/{m}/export", smoke, CONFIRM_EPISODES)) for m in CONFIRM]
     return stages
