@@ -194,6 +194,38 @@ def test_grpo_report_from_eval_reports(tmp_path):
     "yes" if r["overall"]["ci95"][0] > s0["overall"]["ci95"][1] else "no")
   assert f"{long['arm']} online > sft overall, intervals disjoint" not in res["claims"]
   assert all(f"{long['arm']} online > {start} on {p}" in res["claims"] for p in S.PLATFORMS)
+  assert res["confirm"] is None                     # the confirm stages have not run
+
+
+def test_grpo_confirmation_uses_only_fresh_seeds_paired(tmp_path):
+  """The confirmation leaves out every (platform, seed) an eval stage played (there the start
+  wins every episode, so counting them would change the result) and pairs the rest by seed."""
+  from configs import study_grpo as S
+  from guilibra_jax.eval.study_report import confirm
+  root = str(tmp_path)
+  start, arm = S.CONFIRM
+
+  def write(stage, seeds, win):
+    os.makedirs(os.path.join(root, stage))
+    eps = [{"platform": p, "seed": k, "success": win(p, k)} for p in S.PLATFORMS for k in seeds]
+    with open(os.path.join(root, stage, "online_checkpoint.json"), "w") as f:
+      json.dump({"episodes": eps}, f)
+
+  assert confirm(root, S) is None
+  write(f"eval_{start}", range(10), lambda p, k: True)
+  write(f"eval_{arm}", range(10), lambda p, k: False)
+  write(f"confirm_{start}", range(30), lambda p, k: k < 10 or 10 <= k < 15)   # fresh: 5 of 20
+  assert confirm(root, S) is None                   # the arm's stage has not run
+  write(f"confirm_{arm}", range(30), lambda p, k: 10 <= k < 25 if p == "desktop" else 10 <= k < 15)
+  c = confirm(root, S)
+  assert c["seen"] == 2 * 10
+  d, m = c["desktop"], c["mobile"]
+  assert d[start]["episodes"] == d[arm]["episodes"] == 20
+  assert (d[start]["successes"], d[arm]["successes"]) == (5, 15)
+  assert d["difference"]["mean"] == pytest.approx(0.5) and d["difference"]["ci95"][0] > 0
+  assert m["difference"] == {"mean": 0.0, "ci95": [0.0, 0.0]}        # identical outcomes on every seed
+  assert c["overall"][arm]["ci95"] == list(wilson(20, 40))
+  assert c["overall"]["difference"]["mean"] == pytest.approx(0.25)
 
 
 def test_unknown_stage_is_a_one_line_error(tmp_path):

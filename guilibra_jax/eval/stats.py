@@ -1,10 +1,12 @@
-"""Small statistics of evaluation results: Wilson score intervals and Spearman's rank
-correlation (pure functions, no scipy)."""
+"""Small statistics of evaluation results: Wilson score intervals, Spearman's rank
+correlation and a paired bootstrap of a difference (pure functions, no scipy)."""
 
 from __future__ import annotations
 
 import math
 from typing import Sequence
+
+import numpy as np
 
 from guilibra_jax.eval.report import pearson
 
@@ -46,3 +48,18 @@ def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     if len(xs) != len(ys):
         raise ValueError(f"spearman: {len(xs)} x values but {len(ys)} y values")
     return pearson(ranks(xs), ranks(ys))
+
+
+def paired_bootstrap(a: Sequence[float], b: Sequence[float], n_boot: int = 10_000, seed: int = 0,
+                     level: float = 0.95) -> tuple[float, float, float]:
+    """The mean of ``b - a`` over paired outcomes (one task seed played by both models) and
+    its percentile bootstrap interval (pairs resampled together, ``n_boot`` draws)."""
+    if len(a) != len(b):
+        raise ValueError(f"paired_bootstrap: {len(a)} outcomes against {len(b)}")
+    if not len(a):
+        raise ValueError("paired_bootstrap: no paired outcomes")
+    d = np.asarray(b, np.float64) - np.asarray(a, np.float64)
+    idx = np.random.default_rng(seed).integers(0, len(d), size=(n_boot, len(d)))
+    means = d[idx].mean(axis=1)
+    tail = (1 - level) / 2
+    return float(d.mean()), float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))

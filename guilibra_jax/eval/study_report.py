@@ -10,7 +10,8 @@ PNG figures into the study's workdir.
                                    at checkpoints against the teachers, MOPD per platform
     grpo_report(root, study)       GRPO from an SFT start, offline vs on live episodes: online
                                    success per platform with intervals, reward / KL / groups
-                                   with equal rewards over training, the part-4 targets
+                                   with equal rewards over training, the part-4 targets, the
+                                   confirmation on fresh seeds (``confirm``: paired by seed)
 
 ``study`` is the recipe module (``configs/study_<name>.py``): its model / run names and
 the paper's numbers.
@@ -24,7 +25,7 @@ from typing import Any
 
 from guilibra_jax.eval import figures as F
 from guilibra_jax.eval.report import plot_points
-from guilibra_jax.eval.stats import spearman, wilson
+from guilibra_jax.eval.stats import paired_bootstrap, spearman, wilson
 from guilibra_jax.train.curves import read_metrics, series
 
 RESULTS, REPORT = "results.json", "report.md"
@@ -315,6 +316,45 @@ def _episode_windows(root: str, run: str, cap: int, n: int = 100) -> dict | None
     return {"first": window(eps[:n]), "last": window(eps[-n:]), "episodes": len(eps), "step_limit": cap}
 
 
+def _online_episodes(root: str, stage: str) -> list[dict]:
+    """The per-episode online results of an eval stage (``online_checkpoint.json``)."""
+    with open(os.path.join(root, stage, "online_checkpoint.json")) as f:
+        return json.load(f)["episodes"]
+
+
+def confirm(root: str, study) -> dict | None:
+    """The confirmation of ``study.CONFIRM = (start, arm)`` on fresh held-out seeds: the
+    episodes of the confirm_<model> stages whose (platform, seed) neither eval_<model>
+    stage played, paired by seed; per platform and overall each model's rate with its 95%
+    Wilson interval and the paired difference (arm - start) with a bootstrap interval.
+    None until both confirm stages have run."""
+    names = getattr(study, "CONFIRM", ())
+    if not names or not all(os.path.exists(os.path.join(root, f"confirm_{m}", "online_checkpoint.json"))
+                            for m in names):
+        return None
+    seen = {(e["platform"], e["seed"]) for m in names for e in _online_episodes(root, f"eval_{m}")}
+    outcome = {m: {(e["platform"], e["seed"]): float(bool(e["success"]))
+                   for e in _online_episodes(root, f"confirm_{m}")} for m in names}
+    start, arm = names
+    keys = sorted(set(outcome[start]) & set(outcome[arm]) - seen)
+    if set(outcome[start]) - seen != set(outcome[arm]) - seen:
+        raise ValueError(f"confirm: {start} and {arm} played different fresh seeds")
+    out: dict[str, Any] = {"start": start, "arm": arm, "seen": len(seen)}
+    for p in tuple(study.PLATFORMS) + ("overall",):
+        ks = [k for k in keys if p in ("overall", k[0])]
+        if not ks:
+            continue
+        row = {}
+        for m in names:
+            v = [outcome[m][k] for k in ks]
+            n, hits = len(v), int(sum(v))
+            row[m] = {"episodes": n, "successes": hits, "success_rate": hits / n, "ci95": list(wilson(hits, n))}
+        d, lo, hi = paired_bootstrap([outcome[start][k] for k in ks], [outcome[arm][k] for k in ks])
+        row["difference"] = {"mean": d, "ci95": [lo, hi]}
+        out[p] = row
+    return out
+
+
 def grpo_report(root: str, study) -> dict:
     """Every model's held-out online success per platform and overall (95% Wilson intervals)
     and offline step accuracy; per GRPO run: rollout reward, KL and the share of groups with
@@ -360,8 +400,16 @@ def grpo_report(root: str, study) -> dict:
     for m in study.MODELS[1:]:
         if m not in study.ONLINE and not (choice_long and m == choice_long["arm"]):
             targets(m)               # arms outside the choices (follow-ups, diagnostics): the same targets
+    conf = confirm(root, study)
+    if conf and "overall" in conf:
+        start, arm = conf["start"], conf["arm"]
+        o = conf["overall"]
+        claims[f"{arm} online > {start} on fresh held-out seeds, intervals disjoint"] = (
+            "yes" if _disjoint_above(o[arm], o[start]) else "no")
+        claims[f"{arm} - {start} on fresh held-out seeds, paired 95% interval above 0"] = (
+            "yes" if o["difference"]["ci95"][0] > 0 else "no")
     results = {"study": "grpo", "models": rows, "runs": runs, "choice": choice, "choice_long": choice_long,
-               "starts": {m: starts.get(m, "sft") for m in study.MODELS[1:]}, "claims": claims}
+               "starts": {m: starts.get(m, "sft") for m in study.MODELS[1:]}, "confirm": conf, "claims": claims}
     figs = {key.replace("/", "_"): F.lines(os.path.join(root, f"grpo_{key.replace('/', '_')}.png"), title,
                                            [(m, _curve(root, m, key)) for m in study.MODELS[1:]])
             for key, title in (("reward_mean", "GRPO: rollout reward"), ("kl", "GRPO: KL to the SFT reference"),
@@ -402,6 +450,17 @@ def grpo_report(root: str, study) -> dict:
             lines.append(f"| {m} | {w['episodes']} | {f['success']:.2f} -> {la['success']:.2f} | "
                          f"{f['mean_steps']:.1f} -> {la['mean_steps']:.1f} | "
                          f"{f['at_step_limit']:.2f} -> {la['at_step_limit']:.2f} |")
+    if conf:
+        start, arm = conf["start"], conf["arm"]
+        lines += ["", f"## Confirmation on fresh held-out seeds (fixed before it ran; {conf['seen']} "
+                  "platform-seeds of the eval stages left out; paired by seed)", "",
+                  f"| platform | {start} | {arm} | difference (paired bootstrap 95%) |", "|---|---|---|---|"]
+        for p in tuple(study.PLATFORMS) + ("overall",):
+            if p in conf:
+                r = conf[p]
+                lo, hi = r["difference"]["ci95"]
+                lines.append(f"| {p} | {_cell(r[start])} | {_cell(r[arm])} | "
+                             f"{r['difference']['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}] |")
     lines += ["", "## Targets", ""] + [f"- {k}: {v}" for k, v in claims.items()]
     lines += ["", "Figures: " + ", ".join(f"![{k}]({v})" for k, v in results["figures"].items())]
     return _write(root, results, lines)
