@@ -12,7 +12,7 @@ SFT batch (``collate_sft``), B rows of T tokens (T from ``seq_buckets``):
     image_grid_thw [n, 3] int64   (t, h, w) per image, row order (n varies; host metadata)
     vision         dict           prepare_vision_inputs(image_grid_thw, config, P, ...): one
                                   tower slot per frame (a multiple of B slots), slots as long
-                                  as the largest image needs, rounded up to ``patch_bucket``
+                                  as the largest image needs, bucketed (vision.bucket_slot_len)
     num_samples    int            real samples in the batch
     platform, where  lists        per sample, row order
     dropped        list[Dropped]  records of this batch that yielded no sample
@@ -95,7 +95,8 @@ def _vision(samples_in_order: list[Sample], model_config: Any, patch_bucket: int
             ) -> dict[str, Any]:
     """Pixels and vision layout of the samples' images: P rows rounded up to a multiple of
     ``patch_bucket``, one tower slot per frame (at least ``rows``, a multiple of it), each slot
-    as long as the largest frame needs rounded up to a multiple of ``patch_bucket``."""
+    as long as the largest frame needs: a power of two times the slot unit below
+    ``patch_bucket``, a multiple of it above (:func:`vision.bucket_slot_len`)."""
     _, prepare_vision_inputs = _models()
     pix = [s.pixel_values for s in samples_in_order]
     grids = np.stack([s.grid_thw for s in samples_in_order]) if samples_in_order else np.zeros((0, 3), np.int64)

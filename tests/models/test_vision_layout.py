@@ -137,3 +137,22 @@ def test_slots_sharded_over_eight_devices_equal_one_device():
     assert r["slots_per_device"] == [8, 1], (family, r)
     assert r["diff"] <= 1e-5 * r["scale"], (family, r)
     assert r["temp"][1] * 4 < r["temp"][0], (family, r)  # ~1/8 of the work per device
+
+
+def test_slot_length_buckets_stay_few_and_tight():
+  """Small frames get power-of-two slots (a few lengths, under 2x their need), large ones
+  multiples of the bucket; the collate default (slot_bucket = the patch bucket) pads a batch of
+  small frames to their own size, not to a whole bucket."""
+  from guilibra_jax.models.vision import bucket_slot_len
+  unit, bucket = 16, 512
+  lens = {n: bucket_slot_len(n, unit, bucket) for n in range(1, 3 * bucket + 1)}
+  assert all(v >= n and v % unit == 0 for n, v in lens.items())
+  small = {v for n, v in lens.items() if n <= bucket}
+  assert small == {16, 32, 64, 128, 256, 512}
+  assert all(v < 2 * n for n, v in lens.items() if unit < n <= bucket)
+  assert {v for n, v in lens.items() if n > bucket} == {1024, 1536}
+  assert bucket_slot_len(4700, 64, 2048) == 6144 and bucket_slot_len(20, 4, None) == 20
+  for family in FAMILIES:
+    cfg = F.tiny_config(family)
+    v = prepare_vision_inputs(np.array([[1, 4, 4], [1, 8, 8]]), cfg, num_patches=512, slot_bucket=512)
+    assert v["patch_index"].shape == (2, 64)        # two frames of at most 64 patches: 64-long slots
