@@ -56,3 +56,17 @@ def test_the_demo_run_benchmark_runs_a_side_and_writes_its_file(tmp_path):
   (run,) = res["runs"]
   assert run["side"] == "no_hugepages" and run["wall_s"] > 0 and run["minor_faults"] > 0
   assert res["git"]["commit"] and res["loaded"] is True
+
+
+def test_the_demo_run_benchmark_records_the_final_held_out_accuracy(tmp_path):
+  """A full demo_run row carries the run's last logged held-out step accuracy (a faster run
+  must be seen to learn as much)."""
+  import json
+  from benchmarks.demo_run import final_eval
+  path = tmp_path / "metrics.jsonl"
+  rows = [{"step": 600, "eval/step_acc": 0.5, "eval/desktop/step_acc": 0.4}, {"step": 1199, "loss": 0.1},
+          {"step": 1200, "eval/step_acc": 0.8, "eval/desktop/step_acc": 0.75, "eval/mobile/step_acc": 0.85}]
+  path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+  assert final_eval(str(path)) == {"eval/step_acc": 0.8, "eval/desktop/step_acc": 0.75, "eval/mobile/step_acc": 0.85}
+  path.write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
+  assert final_eval(str(path)) == {}
