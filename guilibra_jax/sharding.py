@@ -164,6 +164,11 @@ def constrain_batch(x, dim: int = 0):
     return jax.lax.with_sharding_constraint(x, P(*spec))
 
 
+def tree_nbytes(tree: Any) -> int:
+    """Bytes of a pytree's arrays (global shapes; quantized kernels count codes and scales)."""
+    return int(sum(x.size * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 

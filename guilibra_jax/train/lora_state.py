@@ -91,7 +91,7 @@ class FrozenBase:
         if kind:
             base = jax.jit(lambda p: L.quantize_base(p, paths, kind), out_shardings=base_sh)(base)
             log.info("QLoRA: %d adapted kernels stored as %s (%.1f MiB of %s)", len(paths), kind,
-                     _nbytes(base) / 2**20, "frozen base")
+                     S.tree_nbytes(base) / 2**20, "frozen base")
         return cls(spec, base, base_sh, jax.device_put(adapters, adapter_sh), adapter_sh, param_sh, kind)
 
     @functools.cached_property
@@ -118,10 +118,6 @@ class FrozenBase:
         """ShapeDtypeStructs (with shardings) of :meth:`merged`'s output."""
         shapes = jax.eval_shape(L.dequantize_base, self.base)
         return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), shapes, self.param_sh)
-
-
-def _nbytes(tree) -> int:
-    return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
 
 
 BASE_RECORD = "lora_base.json"   # <workdir>/lora_base.json: what the adapters in checkpoints/ were trained on

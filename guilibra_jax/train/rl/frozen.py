@@ -30,6 +30,7 @@ from flax import nnx
 from guilibra_jax import generate as G
 from guilibra_jax import models as M
 from guilibra_jax import served_scorer as SV
+from guilibra_jax import sharding as S
 from guilibra_jax.errors import ConfigError
 from guilibra_jax.train import config as run_config
 from guilibra_jax.train import model_factory
@@ -57,7 +58,7 @@ class Frozen:
 
     @property
     def bytes(self) -> int:
-        return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.params)))
+        return S.tree_nbytes(self.params)
 
 
 def is_random_spec(spec: str) -> bool:
