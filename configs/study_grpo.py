@@ -37,6 +37,10 @@
                      succeed more for the same policy: the choice leans to it)
     eval_<model>     held-out offline step accuracy and online success on ``EVAL_EPISODES``
                      held-out task seeds per platform (launch.eval)
+    sft_4800         fourth follow-up (after the confirmation): the start's ASFT for 4,800 steps
+    grpo_4800_wide   grpo_long_wide's arm from sft_4800: does GRPO's gain grow with the start?
+                     Both evaluated on ``CONFIRM_EPISODES`` held-out seeds per platform (the
+                     same seeds as confirm_*, so the rows compare with those, paired)
     confirm_<model>  third follow-up, fixed (models, count, claims) and committed before it ran:
                      ``CONFIRM``'s two models (the second choice and its start) on the first
                      ``CONFIRM_EPISODES`` held-out task seeds per platform; the claims use only
@@ -79,22 +83,24 @@ CHOOSE_WINDOW = 200          # training episodes that choose the online arm
 CHOSEN = "choice.json"
 # A literal list of names: launch.recipes reads ARGS from the source without importing it.
 ARGS = ("sft", "grpo_online_warm", "grpo_online_greedy", "grpo_online_onpath", "grpo_online_wide", "grpo_online_wide_fast",
-        "sft_long", "grpo_long_wide", "grpo_long_hot", "grpo_long_wide_400")
+        "sft_long", "grpo_long_wide", "grpo_long_hot", "grpo_long_wide_400", "sft_4800", "grpo_4800_wide")
 ONLINE = ARGS[1:4]
 ONLINE_LONG = ARGS[7:9]      # the second follow-up's choice (choose_long), from sft_long
-STARTS = {a: "sft_long" for a in ARGS[7:10]}    # the model each arm starts from (default "sft")
+STARTS = {**{a: "sft_long" for a in ARGS[7:10]}, "grpo_4800_wide": "sft_4800"}   # each arm's start (default "sft")
 CHOSEN_LONG = "choice_long.json"
 HOT_TEMPERATURE = 1.5
 PLAYS = {"grpo_online_warm": "first", "grpo_online_greedy": "greedy", "grpo_online_onpath": "first",
          "grpo_online_wide": "greedy", "grpo_online_wide_fast": "greedy", "grpo_long_wide": "greedy",
-         "grpo_long_hot": "greedy", "grpo_long_wide_400": "greedy"}
-STOP_AT_MISTAKE = ("grpo_online_onpath", "grpo_online_wide", "grpo_online_wide_fast") + ARGS[7:10]
-WIDE = ("grpo_online_wide", "grpo_online_wide_fast") + ARGS[7:10]
+         "grpo_long_hot": "greedy", "grpo_long_wide_400": "greedy", "grpo_4800_wide": "greedy"}
+STOP_AT_MISTAKE = ("grpo_online_onpath", "grpo_online_wide", "grpo_online_wide_fast") + ARGS[7:10] + ARGS[11:12]
+WIDE = ("grpo_online_wide", "grpo_online_wide_fast") + ARGS[7:10] + ARGS[11:12]
 WIDE_PROMPTS = 32            # grpo_online_wide: live states per step, one optimizer update per step
 WIDE_STEPS = 200
 WIDE_WARMUP = 20
 WIDE_FAST_LR = 1e-3          # grpo_online_wide_fast: the rate that collapsed 8-prompt steps
 SFT_LONG_STEPS = 2400         # sft_long: the start's ASFT for twice its steps (is the start saturated?)
+SFT_4800_STEPS = 4800         # sft_4800: four times (does GRPO's gain grow with the start?)
+WIDE_EVAL = ("sft_4800", "grpo_4800_wide")   # evaluated on CONFIRM_EPISODES held-out seeds per platform
 MODELS = ARGS
 CONFIRM = ("sft_long", "grpo_long_wide")   # (start, arm): choose_long's arm against its start
 CONFIRM_EPISODES = 800       # held-out seeds per platform: the first EVAL_EPISODES were looked at
@@ -116,10 +122,10 @@ def _grpo(root: str, smoke: bool, start: str = "sft"):
 def get_config(arg: str = "sft", root: str = ROOT, smoke: bool = False):
     if arg not in ARGS:
         raise ValueError(f"configs/study_grpo.py: unknown argument {arg!r}; expected one of {ARGS}")
-    if arg in ("sft", "sft_long"):
+    if arg in ("sft", "sft_long", "sft_4800"):
         c = demo.get_config("smoke" if smoke else None)
-        if arg == "sft_long" and not smoke:
-            c.train.steps = SFT_LONG_STEPS
+        if not smoke:
+            c.train.steps = {"sft": c.train.steps, "sft_long": SFT_LONG_STEPS, "sft_4800": SFT_4800_STEPS}[arg]
         return c
     start = STARTS.get(arg, "sft")
     c = _grpo(root, smoke, start)
@@ -182,8 +188,8 @@ def plan(root: str = ROOT, smoke: bool = False) -> list[dict]:
     stages = [dict(name=a, kind="train", config=get_config(a, root, smoke)) for a in ARGS]
     stages.append(dict(name="choose", kind="call", call=lambda: choose(root)))
     stages.append(dict(name="choose_long", kind="call", call=lambda: choose(root, ONLINE_LONG, CHOSEN_LONG)))
-    stages += [dict(name=f"eval_{m}", kind="eval", model=m, config=eval_config(f"{root}/{m}/export", smoke))
-               for m in MODELS]
+    stages += [dict(name=f"eval_{m}", kind="eval", model=m, config=eval_config(
+        f"{root}/{m}/export", smoke, CONFIRM_EPISODES if m in WIDE_EVAL else EVAL_EPISODES)) for m in MODELS]
     stages += [dict(name=f"confirm_{m}", kind="eval", model=m,
                     config=eval_config(f"{root}/{m}/export", smoke, CONFIRM_EPISODES)) for m in CONFIRM]
     return stages
