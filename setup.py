@@ -36,6 +36,9 @@ EXTRAS = {
     # MiniWoB++ in headless Chromium (guilibra_jax.envs.miniwob); Chromium and chromedriver
     # come from the system: apt-get install chromium chromium-driver (Debian).
     "miniwob": ["miniwob==1.1.0", "selenium>=4.20,<5", "gymnasium>=1.0,<2"],
+    # benchmarks/trainers.py: our GRPO steps against TRL's GRPOTrainer (trl brings accelerate and
+    # datasets); torch pinned as in "test" (the CPU build).
+    "bench": ["trl==1.16.0", "torch==2.13.0"],
 }
 
 setup(

@@ -1,0 +1,29 @@
+"""benchmarks/trainers.py end to end on the tiny model, one timed step per side: both sides run,
+the results JSON carries what it claims, and our GRPO loss equals TRL's on identical inputs."""
+import json
+
+import pytest
+
+pytest.importorskip("trl", reason="the [bench] extra: pip install -e '.[bench]'")
+pytest.importorskip("torch")
+
+
+def test_trainers_benchmark_runs_both_sides_and_the_objectives_agree(tmp_path):
+    from benchmarks import trainers
+
+    res = trainers.main(["--steps=1", "--max_new_tokens=4", f"--out_dir={tmp_path}"])
+    files = list(tmp_path.glob("trainers-tiny-*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["benchmark"] == "trainers"
+    assert res["versions"]["jax"] and res["versions"]["torch"] and res["trl_versions"]["trl"] == "1.16.0"
+    assert res["machine"]["slug"] and "commit" in res["git"]
+    assert res["prompts_match"]["identical_ids"], res["prompts_match"]
+    obj = res["objective"]
+    assert obj["ok"], obj
+    assert obj["ours"]["kl"] > 0.01 and obj["response_tokens"] > 0      # the KL term is on
+    for name in ("guilibra_jax", "trl"):
+        side = res["sides"][name]
+        assert len(side["step_s_each"]) == 1 and side["step_s"] > 0, side
+        assert all(side[k] >= 0 for k in trainers.PHASES) and side["response_tokens_per_s"] > 0
+        assert side["peak_rss_bytes"] > 0
+    assert set(res["trl_over_ours"]) == {"step_s", *trainers.PHASES}
+    assert [len(res["per_round"][name]) for name in ("guilibra_jax", "trl")] == [2, 2]   # warm-up + 1
