@@ -32,9 +32,25 @@ update (forward, backward, optimizer; TRL's also its loop's batch fetch); TRL's 
 wrapping its ``_generate_single_turn`` and ``_generate_and_score_completions``. Gradient
 checkpointing is off on both sides (TRL's default is on). ``trl_over_ours``: TRL's time / ours.
 
+--pair=distill: on-policy distillation, our MOPD step with one teacher against TRL 1.16's
+``DistillationTrainer`` (on-policy only: every completion is the student's sample; GKDTrainer
+with lmbda is in trl.experimental). The teacher: a second random tiny Qwen2.5-VL of the same
+shapes (init seed --seed + 1), saved by transformers; ours loads it as rl.teachers.* (on the
+mesh). Objective, both sides the token mean of the exact reverse KL(student || teacher) over
+the vocabulary: ours rl.mopd.estimator=full_kl, beta 1, rl.mopd.task_reward=False (advantages
+0), KL mask off; TRL beta=1.0 (its generalized JSD's reverse-KL end). (Our default k3 and
+logratio_advantage estimators read one sampled token per position: no TRL counterpart.) Its
+``objective`` compares loss and gradient norm on our first rollout's rows (no perturbation:
+neither loss reads old log-probs at advantage 0). TRL's DistillationTrainer takes images
+(Qwen2.5-VL's pixel_values / image_grid_thw go to both models' backbones); it samples one
+completion per row, so each prompt's row is repeated G times. Its teacher forward runs in its
+loss (update); ours too (full_kl). Not matched: ``not_matched``. Writes
+trainers-distill-<size>-<machine>.json.
+
   pip install -e ".[bench]"                                 # trl (not in the default install)
   python -m benchmarks.trainers                             # tiny, 2 prompts x G=4, 32 tokens, 3 timed steps
   python -m benchmarks.trainers --size=bench35m --prompts=4 --group=8 --max_new_tokens=64 --steps=3
+  python -m benchmarks.trainers --pair=distill --size=bench35m --prompts=4 --group=8 --max_new_tokens=64 --steps=3
 
 Writes benchmarks/results/trainers-<size>-<machine>.json (see --out_dir) and prints it.
 """
@@ -61,6 +77,8 @@ import numpy as np  # noqa: E402
 
 SIZES = ("tiny", "bench35m")                  # rl_step.SIZES presets
 RECIPE = os.path.join(ROOT, "configs", "grpo_demo.py") + ":smoke"
+RECIPES = {"grpo": RECIPE, "distill": os.path.join(ROOT, "configs", "mopd_demo.py") + ":smoke"}
+PAIRS = ("grpo", "distill")
 PHASES = ("generation_s", "scoring_s", "update_s")
 LOSS_RTOL, GRAD_RTOL = 1e-4, 1e-3             # float32, JAX vs torch kernels
 OLD_NOISE, REF_NOISE = 0.3, 0.5               # the objective check's log-prob perturbations
@@ -89,11 +107,15 @@ def first_token_reward(token_ids: list[int]) -> float:
 
 
 # ----------------------------------------------------------------------------- shared setup
-def build_config(args, model_dir: str = ""):
-    """grpo_demo's smoke recipe with this comparison's settings (what TRL's GRPOConfig mirrors)."""
+def build_config(args, model_dir: str = "", teacher_dir: str = ""):
+    """grpo_demo's smoke recipe with this comparison's settings (what TRL's GRPOConfig mirrors);
+    --pair=distill: mopd_demo's smoke recipe, one teacher for every platform (rl.teachers.* =
+    ``teacher_dir``), the exact reverse KL (rl.mopd.estimator=full_kl, beta 1), no task reward
+    (rl.mopd.task_reward=False: every advantage 0), KL mask off: distillation alone."""
     from benchmarks import rl_step
 
-    c = rl_step.load_config(RECIPE)
+    pair = getattr(args, "pair", "grpo")
+    c = rl_step.load_config(RECIPES[pair])
     c.model.tiny.update(rl_step.SIZES[args.size])
     c.model.hf_path = model_dir
     c.model.dtype = "float32"
@@ -103,16 +125,22 @@ def build_config(args, model_dir: str = ""):
                 clip_high=args.epsilon, dual_clip=0.0, normalize_std=True, std_unbiased=True, temperature=1.0,
                 top_p=1.0, top_k=0, old_logprobs="auto")
     c.rl.sngs.enabled = False
+    if pair == "distill":
+        c.rl.teachers = {"*": teacher_dir or "random:1"}     # (random:1 until the teacher folder exists)
+        c.rl.mopd.update(estimator="full_kl", beta=1.0, task_reward=False, kl_mask="off")
+        c.rl.kl_beta = 0.0
+        c.train.memory_plan = False
     c.optim.update(lr=args.lr, schedule="constant", warmup_steps=0, weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8,
                    clip_norm=1.0)
     c.train.update(steps=args.steps + 1, export=False, progress=False, tensorboard=False, eval_every=0)
     return c
 
 
-def make_model_folder(args, workdir: str, model_dir: str) -> int:
+def make_model_folder(args, workdir: str, model_dir: str, seed: int | None = None) -> int:
     """The synthetic world's export and tokenizer (in workdir), then a random Qwen2.5-VL built by
-    transformers from our tiny config, saved with the tokenizer and an image processor whose
-    pixel bounds are the recipe's. Returns the parameter count."""
+    transformers from our tiny config (init seed ``seed``, default --seed), saved with the
+    tokenizer and an image processor whose pixel bounds are the recipe's. Returns the parameter
+    count. (--pair=distill calls it twice: the student, then the teacher at another seed.)"""
     import torch
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
@@ -123,7 +151,7 @@ def make_model_folder(args, workdir: str, model_dir: str) -> int:
     data_source.train_files(config, workdir)
     tokenizer = data_source.prepare_tokenizer(config, workdir)
     mc = model_factory.tiny_model_config(config.model.tiny, tokenizer)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed if seed is None else seed)
     model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**mc.to_hf()))
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
@@ -200,12 +228,13 @@ def ours_side(conn, args, workdir: str, model_dir: str, batches: list[dict]) -> 
     from guilibra_jax.train.rl import setup as RS
 
     t0 = time.perf_counter()
-    config = build_config(args, model_dir)
+    config = build_config(args, model_dir, getattr(args, "teacher_dir", ""))
     run_config.validate(config)
     s, state, _ = RS.setup(config, MH.run_mesh(config), data_source.prepare_tokenizer(config, workdir))
     conn.send({"setup_s": time.perf_counter() - t0})
     conn.recv()
-    conn.send(ours_objective(s, state, batches[0], args.seed))
+    check = ours_distill_objective if getattr(args, "pair", "grpo") == "distill" else ours_objective
+    conn.send(check(s, state, batches[0], args.seed))
     for r, batch in enumerate(batches):
         conn.recv()
         state, out = ours_step(s, state, batch, jax.random.PRNGKey(1000 + r))
@@ -263,6 +292,35 @@ def ours_objective(s, state, batch, seed: int) -> dict:
             "loss": float(metrics["loss"]), "kl": float(metrics["kl"]), "grad_norm": float(metrics["grad_norm"])}
 
 
+def ours_distill_objective(s, state, batch, seed: int) -> dict:
+    """--pair=distill: our MOPD loss (full_kl, advantages 0: the token mean of the exact reverse
+    KL(student || teacher)) and gradient norm on a rollout of ``batch`` (an update on a copy of
+    the state), and those inputs. Nothing to perturb: the loss reads no old or reference log-probs
+    (the ratio is 1 and multiplies a 0 advantage)."""
+    import jax
+
+    from guilibra_jax.train.rl import advantages as ADV
+    from guilibra_jax.train.rl import phases as PH
+
+    ro = PH.rollout(s, state["params"], batch, jax.random.PRNGKey(7))
+    scores = PH.score(s, state["params"], ro)
+    if not scores.shared:
+        raise SystemExit("the objective check reads the shared-prompt layout (rl.share_prefill=True)")
+    on = scores.seq["response_mask"] > 0
+    zeros = np.zeros(ro.rows, np.float32)
+    adv = ADV.compute(zeros, np.zeros(ro.rows, bool), s.rl.group_size, s.method, s.rl)
+    copy = jax.tree.map(lambda x: x.copy(), state)
+    _, metrics, _ = PH.update(s, copy, ro, adv, scores)
+    n = on.shape[1]
+    return {"prompt_ids": [ro.prompt_ids[r][ro.prompt_mask[r] > 0].tolist() for r in range(ro.rows)],
+            "completion_ids": np.asarray(ro.tokens[:, :n]), "completion_mask": on.astype(np.int64),
+            "policy_logp": np.where(on, scores.old_logp, 0).astype(np.float32),
+            "advantages": np.asarray(adv["advantages"], np.float32),
+            "pixel_values": np.concatenate(ro.pixels), "image_grid_thw": np.stack(ro.grids),
+            "image_token_id": s.model_config.image_token_id, "pad_id": s.pad_id,
+            "loss": float(metrics["loss"]), "kl": float(metrics["kl"]), "grad_norm": float(metrics["grad_norm"])}
+
+
 # ----------------------------------------------------------------------------- TRL's side
 def grpo_args(args, out_dir: str):
     """TRL's GRPOConfig mirroring build_config."""
@@ -275,6 +333,22 @@ def grpo_args(args, out_dir: str):
         temperature=1.0, top_p=1.0, top_k=0, beta=args.beta, epsilon=args.epsilon, epsilon_high=args.epsilon,
         loss_type="bnpo", scale_rewards="group", mask_truncated_completions=False, learning_rate=args.lr,
         use_bias_correction_kl=False, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, adam_beta1=0.9,
+        adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0, shuffle_dataset=False, gradient_checkpointing=False,
+        bf16=False, fp16=False, seed=args.seed, logging_steps=1, save_strategy="no", report_to="none",
+        disable_tqdm=True)
+
+
+def distill_args(args, out_dir: str):
+    """--pair=distill: TRL's DistillationConfig mirroring build_config (beta 1.0: the reverse KL
+    KL(student || teacher) over the vocabulary; TRL 1.16's DistillationTrainer is on-policy only:
+    every completion is the student's own sample, no lmbda)."""
+    from trl import DistillationConfig
+
+    rows = args.prompts * args.group
+    return DistillationConfig(
+        output_dir=out_dir, max_steps=args.steps + 1, per_device_train_batch_size=rows, gradient_accumulation_steps=1,
+        max_completion_length=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, beta=1.0,
+        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, adam_beta1=0.9,
         adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0, shuffle_dataset=False, gradient_checkpointing=False,
         bf16=False, fp16=False, seed=args.seed, logging_steps=1, save_strategy="no", report_to="none",
         disable_tqdm=True)
@@ -316,27 +390,42 @@ def trl_reward(prompts, completions, completion_ids, **_):
 
 def trl_side(conn, args, model_dir: str, out_dir: str, rows: list[dict]) -> None:
     """TRL's process: the trainer, the prompt agreement and objective checks, then train(),
-    each step waiting for the parent's "step"."""
+    each step waiting for the parent's "step". --pair=distill: DistillationTrainer with the
+    teacher folder; it samples one completion per dataset row, so each prompt's row is
+    repeated ``group`` times in a row (our G responses per prompt)."""
     import datasets
-    from trl import GRPOTrainer
 
     t0 = time.perf_counter()
-    data = datasets.Dataset.from_dict({"prompt": [r["prompt"] for r in rows], "image": [r["image"] for r in rows]})
-    trainer = GRPOTrainer(model=model_dir, reward_funcs=trl_reward, args=grpo_args(args, out_dir),
-                          train_dataset=data, processing_class=trl_processor(model_dir))
-    for model in filter(None, (trainer.model, trainer.ref_model)):     # (no reference at beta 0)
+    distill = getattr(args, "pair", "grpo") == "distill"
+    repeat = args.group if distill else 1
+    data = datasets.Dataset.from_dict({"prompt": [r["prompt"] for r in rows for _ in range(repeat)],
+                                       "image": [r["image"] for r in rows for _ in range(repeat)]})
+    if distill:
+        from trl import DistillationTrainer
+
+        trainer = DistillationTrainer(model=model_dir, teacher_model=args.teacher_dir, args=distill_args(args, out_dir),
+                                      train_dataset=data, processing_class=trl_processor(model_dir))
+        models = (trainer.model, trainer.teacher_model)
+    else:
+        from trl import GRPOTrainer
+
+        trainer = GRPOTrainer(model=model_dir, reward_funcs=trl_reward, args=grpo_args(args, out_dir),
+                              train_dataset=data, processing_class=trl_processor(model_dir))
+        models = (trainer.model, trainer.ref_model)
+    for model in filter(None, models):     # (no reference at beta 0)
         ban_vision_tokens(model)
-    time_phases(trainer, conn)
-    conn.send({"setup_s": time.perf_counter() - t0, "prompts": prompt_agreement(trainer, data, rows)})
-    conn.send(trl_objective(trainer, conn.recv()))
+    time_phases(trainer, conn, distill)
+    conn.send({"setup_s": time.perf_counter() - t0, "prompts": prompt_agreement(trainer, data, rows, repeat)})
+    conn.send((trl_distill_objective if distill else trl_objective)(trainer, conn.recv()))
     trainer.train()
     conn.recv()
     conn.send({"peak_rss_bytes": peak_rss_bytes()})
 
 
-def time_phases(trainer, conn) -> None:
+def time_phases(trainer, conn, distill: bool = False) -> None:
     """Gate each step on the parent's "step" (in get_batch_samples, the step's first call),
-    time generation and generation + scoring, and send each step's times and metrics."""
+    time generation and generation + scoring, and send each step's times and metrics.
+    (DistillationTrainer: no rewards, the loss is the KL, the teacher's forward is in update.)"""
     from transformers import TrainerCallback
 
     clock = {}
@@ -381,17 +470,20 @@ def time_phases(trainer, conn) -> None:
             conn.send({"generation_s": clock["gen"], "scoring_s": clock["gen_score"] - clock["gen"],
                        "update_s": step - clock["gen_score"], "step_s": step,
                        "response_tokens": int(round(m["completions/mean_length"] * rows)),
-                       "reward_mean": m["reward"], "reward_group_std": m["reward_std"], "kl": m.get("kl", 0.0),
+                       "reward_mean": m.get("reward", 0.0), "reward_group_std": m.get("reward_std", 0.0),
+                       "kl": clock["loss"] if distill else m.get("kl", 0.0),
                        "loss": clock["loss"], "grad_norm": clock["grad_norm"]})
 
     trainer.add_callback(Report())
 
 
-def prompt_agreement(trainer, data, rows: list[dict]) -> dict:
-    """TRL's own tokenisation of the dataset prompts (``_tokenize_prompts``) against ours."""
+def prompt_agreement(trainer, data, rows: list[dict], repeat: int = 1) -> dict:
+    """TRL's own tokenisation of the dataset prompts (``_tokenize_prompts``) against ours
+    (every ``repeat``-th dataset row: the distill pair's rows repeat each prompt)."""
     from trl.data_utils import prepare_multimodal_messages
 
-    messages = [prepare_multimodal_messages(x["prompt"], images=[x["image"]]) for x in data]
+    messages = [prepare_multimodal_messages(x["prompt"], images=[x["image"]]) for x in data.select(
+        range(0, len(data), repeat))]
     ids, _, fields = trainer._tokenize_prompts(messages)
     theirs = np.asarray(fields["pixel_values"], np.float32)
     ours = np.concatenate([r["ours"][1] for r in rows])
@@ -399,8 +491,8 @@ def prompt_agreement(trainer, data, rows: list[dict]) -> dict:
             "pixel_max_abs_diff": float(np.abs(theirs - ours).max()) if theirs.shape == ours.shape else None}
 
 
-def trl_objective(trainer, p: dict) -> dict:
-    """TRL's loss (``_compute_loss``), KL and gradient norm on our objective-check inputs."""
+def trl_inputs(trainer, p: dict) -> dict:
+    """Our objective-check rows as TRL's batch (left-padded prompts, our completions, pixels)."""
     import torch
 
     prompts = [torch.tensor(x) for x in p["prompt_ids"]]
@@ -411,11 +503,20 @@ def trl_objective(trainer, p: dict) -> dict:
     mm = torch.cat([(prompt_ids == p["image_token_id"]).long(), torch.zeros_like(completion_ids)], 1)
     inputs = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
               "completion_mask": torch.tensor(p["completion_mask"]), "advantages": torch.tensor(p["advantages"]),
-              "old_per_token_logps": torch.tensor(p["old_logp"]), "ref_per_token_logps": torch.tensor(p["ref_logp"]),
               "pixel_values": torch.tensor(p["pixel_values"]), "image_grid_thw": torch.tensor(p["image_grid_thw"]),
               "num_images": [1] * len(prompts), "mm_token_type_ids": mm}
-    model = trainer.model
-    inputs = {k: v.to(model.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    if "old_logp" in p:
+        inputs.update(old_per_token_logps=torch.tensor(p["old_logp"]), ref_per_token_logps=torch.tensor(p["ref_logp"]))
+    device = trainer.model.device
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
+def trl_objective(trainer, p: dict) -> dict:
+    """TRL's loss (``_compute_loss``), KL and gradient norm on our objective-check inputs."""
+    import torch
+
+    inputs, model = trl_inputs(trainer, p), trainer.model
+    completion_ids = inputs["completion_ids"]
     model.train()
     with torch.no_grad():
         logp, _, _ = trainer._get_per_token_logps_and_entropies(
@@ -435,6 +536,32 @@ def trl_objective(trainer, p: dict) -> dict:
     return {"loss": float(loss), "kl": float(kl), "grad_norm": float(grad_norm), "logp_max_abs_diff": logp_diff}
 
 
+def trl_distill_objective(trainer, p: dict) -> dict:
+    """--pair=distill: DistillationTrainer's loss (``_compute_loss``, beta 1: the token mean of the
+    exact reverse KL over the vocabulary, which is also its KL) and gradient norm on our rows, and
+    the largest difference of the student's log-probs of our sampled tokens from ours."""
+    import torch
+
+    inputs, model = trl_inputs(trainer, p), trainer.model
+    n = inputs["completion_ids"].shape[1]
+    mm = {k: inputs[k] for k in ("pixel_values", "image_grid_thw", "mm_token_type_ids")}
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    model.train()
+    with torch.no_grad():
+        hidden = trainer._get_last_hidden_state(model, ids, mask, n, **mm)
+        logp = torch.log_softmax(model.get_output_embeddings()(hidden), -1)
+        logp = logp.gather(-1, inputs["completion_ids"][..., None])[..., 0]
+    on = inputs["completion_mask"] > 0
+    logp_diff = float((logp - torch.tensor(p["policy_logp"]).to(logp.device))[on].abs().max())
+    model.zero_grad()
+    loss, _, _ = trainer._compute_loss(model, inputs, None)
+    loss.backward()
+    grad_norm = torch.nn.utils.get_total_norm([w.grad for w in model.parameters() if w.grad is not None])
+    model.zero_grad()
+    return {"loss": float(loss), "kl": float(loss), "grad_norm": float(grad_norm), "logp_max_abs_diff": logp_diff}
+
+
 # ----------------------------------------------------------------------------- the parent
 def rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-12)
@@ -443,7 +570,13 @@ def rel(a: float, b: float) -> float:
 def objective_report(ours: dict, trl: dict) -> dict:
     out = {"ours": {k: ours[k] for k in ("loss", "kl", "grad_norm")}, "trl": trl,
            "rows": len(ours["prompt_ids"]), "response_tokens": int(ours["completion_mask"].sum()),
-           "old_logp_noise": OLD_NOISE, "ref_logp_noise": REF_NOISE, "loss_rtol": LOSS_RTOL, "grad_rtol": GRAD_RTOL}
+           "loss_rtol": LOSS_RTOL, "grad_rtol": GRAD_RTOL}
+    if "old_logp" in ours:     # (the GRPO pair's perturbed inputs; the distill pair reads none)
+        out.update(old_logp_noise=OLD_NOISE, ref_logp_noise=REF_NOISE)
+    else:
+        out["rel_diff"] = {k: rel(trl[k], ours[k]) for k in ("loss", "kl", "grad_norm")}
+        out["ok"] = out["rel_diff"]["loss"] <= LOSS_RTOL and out["rel_diff"]["grad_norm"] <= GRAD_RTOL
+        return out
     on = ours["completion_mask"] > 0
     ratio, adv = np.exp(ours["policy_logp"] - ours["old_logp"]), ours["advantages"][:, None]
     eps = ours["epsilon"]
@@ -513,8 +646,46 @@ def run_sides(args, workdir: str, model_dir: str) -> dict:
             "per_round": steps}
 
 
+DISTILL_NOT_MATCHED = [
+    "random streams: each side samples its own responses (same distribution, same weights at round 0)",
+    "prompt preparation: ours gets its prompt batches pre-drawn; TRL tokenises and preprocesses inside the step",
+    "groups: TRL's DistillationTrainer samples one completion per dataset row (no num_generations): each prompt's "
+    "row is repeated G times, consecutively, shuffling off; ours samples G per prompt with a shared prefill",
+    "phase boundaries: TRL's teacher forward runs inside its loss (update); ours, with rl.mopd.estimator=full_kl, "
+    "also runs the teacher inside the update (the exact KL needs both models' logits); our scoring still computes "
+    "the student's sampling log-probs (and the task reward, which the zero advantages then ignore); TRL's scoring "
+    "is decoding and bookkeeping",
+    "vision ids: ours leaves them out of both softmaxes; TRL's student and teacher get a frozen LM-head bias of "
+    "-1e4 there (ban_vision_tokens), which its chunked divergence reads (TRL alone suppresses only <|image_pad|>)",
+    "estimators: the per-token k3 or logratio_advantage estimators of MOPD (one sampled token per position) have "
+    "no TRL counterpart; only full_kl (exact reverse KL over the vocabulary) is the same math as TRL's beta=1",
+]
+
+
+def distill_row(args, params: int, res: dict) -> dict:
+    for side in res["sides"].values():     # (no task reward in this pair: TRL's trainer has none)
+        side.pop("reward_mean", None), side.pop("reward_group_std", None)
+    return {"benchmark": "trainers", "pair": "distill", "size": args.size, "params": params,
+            "teacher": f"random tiny Qwen2.5-VL, the same shapes, init seed {args.seed + 1}", "prompts": args.prompts,
+            "group": args.group, "rows": args.prompts * args.group, "max_new_tokens": args.max_new_tokens,
+            "steps_timed": args.steps, "lr": args.lr, "dtype": "float32", "updates_per_step": 1,
+            "objective_settings": {
+                "ours": "method=mopd, rl.teachers.*=<teacher folder>, rl.mopd.estimator=full_kl, rl.mopd.beta=1, "
+                        "rl.mopd.task_reward=False (advantages 0: the clipped surrogate is 0, its gradient 0), "
+                        "rl.mopd.kl_mask=off, rl.aggregation=token_mean, rl.kl_beta=0: loss = token mean of the "
+                        "exact KL(student || teacher) over the vocabulary",
+                "trl": "DistillationTrainer (on-policy only in TRL 1.16: no lmbda; GKDTrainer lives in "
+                       "trl.experimental), beta=1.0 (reverse KL of its generalized JSD), temperature 1, "
+                       "loss = token mean of KL(student || teacher) over the vocabulary (chunked)"},
+            "not_matched": DISTILL_NOT_MATCHED,
+            "trl_versions": {k: metadata.version(k) for k in ("trl", "accelerate", "datasets")}, **res}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pair", default="grpo", choices=PAIRS,
+                    help="grpo: our GRPO step vs GRPOTrainer | distill: our MOPD step (one teacher, full_kl, no task "
+                         "reward) vs DistillationTrainer (beta 1: reverse KL)")
     ap.add_argument("--size", default="tiny", choices=SIZES, help="model.tiny.* preset (benchmarks/rl_step.py)")
     ap.add_argument("--prompts", type=int, default=2, help="prompts per step")
     ap.add_argument("--group", type=int, default=4, help="G responses per prompt")
@@ -534,7 +705,13 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         workdir, model_dir = os.path.join(tmp, "run"), os.path.join(tmp, "model")
         params = make_model_folder(args, workdir, model_dir)
+        args.teacher_dir = ""
+        if args.pair == "distill":      # the teacher: the same shapes, another init seed
+            args.teacher_dir = os.path.join(tmp, "teacher")
+            make_model_folder(args, workdir, args.teacher_dir, seed=args.seed + 1)
         res = run_sides(args, workdir, model_dir)
+    if args.pair == "distill":
+        return C.report("trainers", f"trainers-distill-{args.size}", distill_row(args, params, res), args, start)
     row = {"benchmark": "trainers", "size": args.size, "params": params, "prompts": args.prompts,
            "group": args.group, "rows": args.prompts * args.group, "max_new_tokens": args.max_new_tokens,
            "steps_timed": args.steps, "beta": args.beta, "epsilon": args.epsilon, "lr": args.lr, "dtype": "float32",
