@@ -39,7 +39,7 @@ def test_a_platform_without_a_teacher_is_named(tmp_path):
 
 
 def test_a_plan_that_does_not_fit_exits_1_naming_the_component():
-    out = run("launch.plan", "--config=configs/grpo_demo.py:smoke", "--devices=2", "--device_memory_gib=0.03")
+    out = run("launch.plan", "--config=configs/grpo_demo.py:smoke", "--devices=2", "--device_memory_gib=0.015")
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
     assert "fits: NO:" in out.stdout and "overflows;" in out.stdout, out.stdout[-2000:]
     fits = run("launch.plan", "--config=configs/grpo_demo.py:smoke", "--devices=2", "--device_memory_gib=80")
