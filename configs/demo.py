@@ -1,7 +1,7 @@
 """The quick-start demo: a tiny Qwen2.5-VL-shaped model learns GUI-Libra ASFT on the
 bundled synthetic desktop + mobile world, on CPU, in minutes.
 
-Hardware: 1 x CPU (2 cores are enough: about 4 minutes).
+Hardware: 1 x CPU (2 cores are enough: about 3 minutes).
 """
 
 from guilibra_jax.train.config import base_config
