@@ -59,7 +59,9 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], n_boot: int = 10_00
     if not len(a):
         raise ValueError("paired_bootstrap: no paired outcomes")
     d = np.asarray(b, np.float64) - np.asarray(a, np.float64)
-    idx = np.random.default_rng(seed).integers(0, len(d), size=(n_boot, len(d)))
-    means = d[idx].mean(axis=1)
+    rng = np.random.default_rng(seed)
+    # 1,000 draws at a time: the whole [n_boot, n] index array is 96 MB at 10,000 x 1,200
+    means = np.concatenate([d[rng.integers(0, len(d), size=(min(1000, n_boot - i), len(d)))].mean(axis=1)
+                            for i in range(0, n_boot, 1000)])
     tail = (1 - level) / 2
     return float(d.mean()), float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
