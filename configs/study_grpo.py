@@ -86,14 +86,15 @@ ARGS = ("sft", "grpo_online_warm", "grpo_online_greedy", "grpo_online_onpath", "
         "sft_long", "grpo_long_wide", "grpo_long_hot", "grpo_long_wide_400", "sft_4800", "grpo_4800_wide")
 ONLINE = ARGS[1:4]
 ONLINE_LONG = ARGS[7:9]      # the second follow-up's choice (choose_long), from sft_long
-STARTS = {**{a: "sft_long" for a in ARGS[7:10]}, "grpo_4800_wide": "sft_4800"}   # each arm's start (default "sft")
+LONG = ("grpo_long_wide", "grpo_long_hot", "grpo_long_wide_400")   # the arms from sft_long
+STARTS = {**{a: "sft_long" for a in LONG}, "grpo_4800_wide": "sft_4800"}   # each arm's start (default "sft")
 CHOSEN_LONG = "choice_long.json"
 HOT_TEMPERATURE = 1.5
 PLAYS = {"grpo_online_warm": "first", "grpo_online_greedy": "greedy", "grpo_online_onpath": "first",
          "grpo_online_wide": "greedy", "grpo_online_wide_fast": "greedy", "grpo_long_wide": "greedy",
          "grpo_long_hot": "greedy", "grpo_long_wide_400": "greedy", "grpo_4800_wide": "greedy"}
-STOP_AT_MISTAKE = ("grpo_online_onpath", "grpo_online_wide", "grpo_online_wide_fast") + ARGS[7:10] + ARGS[11:12]
-WIDE = ("grpo_online_wide", "grpo_online_wide_fast") + ARGS[7:10] + ARGS[11:12]
+WIDE = ("grpo_online_wide", "grpo_online_wide_fast") + LONG + ("grpo_4800_wide",)
+STOP_AT_MISTAKE = ("grpo_online_onpath",) + WIDE
 WIDE_PROMPTS = 32            # grpo_online_wide: live states per step, one optimizer update per step
 WIDE_STEPS = 200
 WIDE_WARMUP = 20
