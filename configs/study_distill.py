@@ -20,6 +20,10 @@
     mopd_nomask_2x   the same for twice the steps (each platform gets half of a step's rollouts)
     mopd_distill     (b) both teachers, platform routing, task reward off (pure multi-teacher
                      on-policy distillation): what the KL term alone reaches in the budget
+    mopd_distill_2x  the same for the two specialists' combined budget (2 x 600 steps, each
+                     platform half of a step's rollouts), checkpoints every ``CHECKPOINT_EVERY_2X``
+                     steps; the claim is its final checkpoint (fixed before it ran), the
+                     checkpoints' offline accuracy is the curve (eval_mopd_distill_2x_steps)
     eval_<model>     held-out offline step accuracy (every checkpoint of distill_desktop)
                      and online success per platform (launch.eval)
 
@@ -36,7 +40,7 @@ from configs import study_mopd
 
 ROOT = "runs/study_distill"
 ARGS = ("base", "teacher_desktop", "teacher_mobile", "distill_desktop", "mopd", "mopd_nomask", "mopd_distill",
-        "mopd_nomask_2x")   # a literal: launch.recipes reads it
+        "mopd_nomask_2x", "mopd_distill_2x")   # a literal: launch.recipes reads it
 PLATFORMS = study_mopd.PLATFORMS
 SWEEP = (("k3", 1e-3), ("logratio_advantage", 3e-4), ("logratio_advantage", 1e-3), ("full_kl", 1e-3))
 SWEEP_STEPS = 30
@@ -44,8 +48,9 @@ SWEEP_WINDOW = 10            # the last steps whose mean KL chooses the arm
 DISTILL_STEPS = 600          # the specialist's own budget (study_mopd.SPECIALIST_STEPS = 600); 150 left KL 2.7x down
 MOPD_STEPS = 600            # the same budget as distill_desktop (150 left both platforms below the base)
 CHECKPOINT_EVERY = 25
+CHECKPOINT_EVERY_2X = 100    # the 1,200-step arms: 12 checkpoints to evaluate
 EVAL_EPISODES = 80           # online episodes per platform (held-out task seeds)
-MOPD_ARMS = ("mopd", "mopd_nomask", "mopd_distill", "mopd_nomask_2x")
+MOPD_ARMS = ("mopd", "mopd_nomask", "mopd_distill", "mopd_nomask_2x", "mopd_distill_2x")
 MODELS = ("base", "teacher_desktop", "teacher_mobile", "distill_desktop", *MOPD_ARMS)
 CHOSEN = "sweep_choice.json"
 UNSWEPT = ("logratio_advantage", 3e-4)   # the arm of a stage run without the sweep's choice
@@ -111,9 +116,11 @@ def get_config(arg: str = "base", root: str = ROOT, smoke: bool = False):
         c = _distill(root, smoke, est, lr)
         c.train.steps = 2 if smoke else DISTILL_STEPS
     else:
-        c = _distill(root, smoke, est, lr, platforms=PLATFORMS, task_reward=arg != "mopd_distill")
+        c = _distill(root, smoke, est, lr, platforms=PLATFORMS, task_reward=not arg.startswith("mopd_distill"))
         c.rl.mopd.kl_mask = "paper" if arg == "mopd" else "off"
         c.train.steps = 2 if smoke else MOPD_STEPS * (2 if arg.endswith("_2x") else 1)
+        if arg.endswith("_2x"):
+            c.train.checkpoint_every = CHECKPOINT_EVERY_2X
     if smoke:
         c.train.checkpoint_every = 1
     return c
@@ -142,4 +149,6 @@ def plan(root: str = ROOT, smoke: bool = False) -> list[dict]:
     # every checkpoint of (a): offline accuracy over steps (online on the final model above)
     stages.append(dict(name="eval_distill_desktop_steps", kind="eval", model="distill_desktop",
                        config=eval_config(f"{root}/distill_desktop", smoke, sweep=True, episodes=0)))
+    stages.append(dict(name="eval_mopd_distill_2x_steps", kind="eval", model="mopd_distill_2x",
+                       config=eval_config(f"{root}/mopd_distill_2x", smoke, sweep=True, episodes=0)))
     return stages
