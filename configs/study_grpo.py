@@ -46,6 +46,14 @@
                      ``CONFIRM_EPISODES`` held-out task seeds per platform; the claims use only
                      the seeds eval_<model> did not play (600 fresh per platform), both models on
                      the same seeds: Wilson intervals and a paired bootstrap of the difference
+    confirm_large_<model>  second confirmation, fixed (models, count, claims) and committed before
+                     it ran: the same two models on the first ``CONFIRM_LARGE_EPISODES`` held-out
+                     seeds per platform; the claims use only the 2,000 per platform no earlier
+                     stage played (4,000 per model). Sized for the issue's criterion (the two
+                     rates' 95% intervals disjoint): confirm_* measured +0.044 at rates near 0.37,
+                     where disjoint intervals need about 1,900 episodes per model; at 4,000 they
+                     are disjoint for a measured gain above about 0.03. Claims: disjoint
+                     intervals overall; paired bootstrap interval above 0 overall and per platform
 
 Earlier setup (commit 4129e2d, docs/study/grpo/earlier_setup/): 200 steps at a constant lr
 of 1e-4 / 3e-4 / 1e-3 without warm-up, and GRPO on the dataset's step prompts; none raised
@@ -105,6 +113,7 @@ WIDE_EVAL = ("sft_4800", "grpo_4800_wide")   # evaluated on CONFIRM_EPISODES hel
 MODELS = ARGS
 CONFIRM = ("sft_long", "grpo_long_wide")   # (start, arm): choose_long's arm against its start
 CONFIRM_EPISODES = 800       # held-out seeds per platform: the first EVAL_EPISODES were looked at
+CONFIRM_LARGE_EPISODES = 2800  # held-out seeds per platform: the first CONFIRM_EPISODES were played
 
 
 def _grpo(root: str, smoke: bool, start: str = "sft"):
@@ -193,4 +202,6 @@ def plan(root: str = ROOT, smoke: bool = False) -> list[dict]:
         f"{root}/{m}/export", smoke, CONFIRM_EPISODES if m in WIDE_EVAL else EVAL_EPISODES)) for m in MODELS]
     stages += [dict(name=f"confirm_{m}", kind="eval", model=m,
                     config=eval_config(f"{root}/{m}/export", smoke, CONFIRM_EPISODES)) for m in CONFIRM]
+    stages += [dict(name=f"confirm_large_{m}", kind="eval", model=m,
+                    config=eval_config(f"{root}/{m}/export", smoke, CONFIRM_LARGE_EPISODES)) for m in CONFIRM]
     return stages

@@ -195,6 +195,18 @@ def test_grpo_report_from_eval_reports(tmp_path):
   assert f"{long['arm']} online > sft overall, intervals disjoint" not in res["claims"]
   assert all(f"{long['arm']} online > {start} on {p}" in res["claims"] for p in S.PLATFORMS)
   assert res["confirm"] is None                     # the confirm stages have not run
+  for stage, n in (("eval", 3), ("confirm", 6), ("confirm_large", 12)):   # both confirmations in the report
+    for m, win in zip(S.CONFIRM, (lambda k: k % 3 == 0, lambda k: k % 2 == 0)):
+      os.makedirs(os.path.join(root, f"{stage}_{m}"), exist_ok=True)
+      with open(os.path.join(root, f"{stage}_{m}", "online_checkpoint.json"), "w") as f:
+        json.dump({"episodes": [{"platform": p, "seed": k, "success": win(k)} for p in S.PLATFORMS
+                                for k in range(n)]}, f)
+  res = grpo_report(root, S)
+  start, arm = S.CONFIRM
+  assert res["confirm"]["seen"] == 2 * 3 and res["confirm_large"]["seen"] == 2 * 6
+  assert res["confirm_large"]["overall"][arm]["episodes"] == 2 * 6
+  assert f"{arm} - {start} on the large confirmation's fresh seeds (mobile), paired 95% interval above 0" in res["claims"]
+  assert "## Large confirmation on fresh held-out seeds" in open(os.path.join(root, "report.md")).read()
 
 
 def test_grpo_confirmation_uses_only_fresh_seeds_paired(tmp_path):
@@ -226,6 +238,14 @@ def test_grpo_confirmation_uses_only_fresh_seeds_paired(tmp_path):
   assert m["difference"] == {"mean": 0.0, "ci95": [0.0, 0.0]}        # identical outcomes on every seed
   assert c["overall"][arm]["ci95"] == list(wilson(20, 40))
   assert c["overall"]["difference"]["mean"] == pytest.approx(0.25)
+  # the large confirmation leaves out what the eval AND confirm stages played
+  assert confirm(root, S, "confirm_large", ("eval", "confirm")) is None
+  write(f"confirm_large_{start}", range(40), lambda p, k: k < 30)
+  write(f"confirm_large_{arm}", range(40), lambda p, k: k >= 30)
+  c = confirm(root, S, "confirm_large", ("eval", "confirm"))
+  assert c["seen"] == 2 * 30
+  assert c["overall"][start]["successes"] == 0 and c["overall"][arm]["successes"] == 20
+  assert c["overall"]["difference"]["mean"] == pytest.approx(1.0)
 
 
 def test_unknown_stage_is_a_one_line_error(tmp_path):

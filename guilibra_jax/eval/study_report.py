@@ -322,23 +322,24 @@ def _online_episodes(root: str, stage: str) -> list[dict]:
         return json.load(f)["episodes"]
 
 
-def confirm(root: str, study) -> dict | None:
+def confirm(root: str, study, stage: str = "confirm", seen_stages: tuple = ("eval",)) -> dict | None:
     """The confirmation of ``study.CONFIRM = (start, arm)`` on fresh held-out seeds: the
-    episodes of the confirm_<model> stages whose (platform, seed) neither eval_<model>
-    stage played, paired by seed; per platform and overall each model's rate with its 95%
-    Wilson interval and the paired difference (arm - start) with a bootstrap interval.
-    None until both confirm stages have run."""
+    episodes of the <stage>_<model> stages whose (platform, seed) no <seen>_<model> stage
+    (``seen_stages``) played, paired by seed; per platform and overall each model's rate
+    with its 95% Wilson interval and the paired difference (arm - start) with a bootstrap
+    interval. None until both <stage> stages have run."""
     names = getattr(study, "CONFIRM", ())
-    if not names or not all(os.path.exists(os.path.join(root, f"confirm_{m}", "online_checkpoint.json"))
+    if not names or not all(os.path.exists(os.path.join(root, f"{stage}_{m}", "online_checkpoint.json"))
                             for m in names):
         return None
-    seen = {(e["platform"], e["seed"]) for m in names for e in _online_episodes(root, f"eval_{m}")}
+    seen = {(e["platform"], e["seed"]) for m in names for s in seen_stages
+            for e in _online_episodes(root, f"{s}_{m}")}
     outcome = {m: {(e["platform"], e["seed"]): float(bool(e["success"]))
-                   for e in _online_episodes(root, f"confirm_{m}")} for m in names}
+                   for e in _online_episodes(root, f"{stage}_{m}")} for m in names}
     start, arm = names
     keys = sorted(set(outcome[start]) & set(outcome[arm]) - seen)
     if set(outcome[start]) - seen != set(outcome[arm]) - seen:
-        raise ValueError(f"confirm: {start} and {arm} played different fresh seeds")
+        raise ValueError(f"{stage}: {start} and {arm} played different fresh seeds")
     out: dict[str, Any] = {"start": start, "arm": arm, "seen": len(seen)}
     for p in tuple(study.PLATFORMS) + ("overall",):
         ks = [k for k in keys if p in ("overall", k[0])]
@@ -401,15 +402,20 @@ def grpo_report(root: str, study) -> dict:
         if m not in study.ONLINE and not (choice_long and m == choice_long["arm"]):
             targets(m)               # arms outside the choices (follow-ups, diagnostics): the same targets
     conf = confirm(root, study)
-    if conf and "overall" in conf:
-        start, arm = conf["start"], conf["arm"]
-        o = conf["overall"]
-        claims[f"{arm} online > {start} on fresh held-out seeds, intervals disjoint"] = (
-            "yes" if _disjoint_above(o[arm], o[start]) else "no")
-        claims[f"{arm} - {start} on fresh held-out seeds, paired 95% interval above 0"] = (
-            "yes" if o["difference"]["ci95"][0] > 0 else "no")
+    large = confirm(root, study, "confirm_large", ("eval", "confirm"))
+    for c, where in ((conf, "fresh held-out seeds"), (large, "the large confirmation's fresh seeds")):
+        if c and "overall" in c:
+            start, arm = c["start"], c["arm"]
+            o = c["overall"]
+            claims[f"{arm} online > {start} on {where}, intervals disjoint"] = (
+                "yes" if _disjoint_above(o[arm], o[start]) else "no")
+            for p in tuple(P) + ("overall",):
+                if p in c and (p == "overall" or c is large):
+                    claims[f"{arm} - {start} on {where}" + ("" if p == "overall" else f" ({p})")
+                           + ", paired 95% interval above 0"] = "yes" if c[p]["difference"]["ci95"][0] > 0 else "no"
     results = {"study": "grpo", "models": rows, "runs": runs, "choice": choice, "choice_long": choice_long,
-               "starts": {m: starts.get(m, "sft") for m in study.MODELS[1:]}, "confirm": conf, "claims": claims}
+               "starts": {m: starts.get(m, "sft") for m in study.MODELS[1:]}, "confirm": conf, "confirm_large": large,
+               "claims": claims}
     figs = {key.replace("/", "_"): F.lines(os.path.join(root, f"grpo_{key.replace('/', '_')}.png"), title,
                                            [(m, _curve(root, m, key)) for m in study.MODELS[1:]])
             for key, title in (("reward_mean", "GRPO: rollout reward"), ("kl", "GRPO: KL to the SFT reference"),
@@ -450,14 +456,17 @@ def grpo_report(root: str, study) -> dict:
             lines.append(f"| {m} | {w['episodes']} | {f['success']:.2f} -> {la['success']:.2f} | "
                          f"{f['mean_steps']:.1f} -> {la['mean_steps']:.1f} | "
                          f"{f['at_step_limit']:.2f} -> {la['at_step_limit']:.2f} |")
-    if conf:
-        start, arm = conf["start"], conf["arm"]
-        lines += ["", f"## Confirmation on fresh held-out seeds (fixed before it ran; {conf['seen']} "
-                  "platform-seeds of the eval stages left out; paired by seed)", "",
+    for c, title in ((conf, "Confirmation on fresh held-out seeds"),
+                     (large, "Large confirmation on fresh held-out seeds (sized for disjoint intervals)")):
+        if not c:
+            continue
+        start, arm = c["start"], c["arm"]
+        lines += ["", f"## {title} (fixed before it ran; {c['seen']} platform-seeds played by earlier "
+                  "stages left out; paired by seed)", "",
                   f"| platform | {start} | {arm} | difference (paired bootstrap 95%) |", "|---|---|---|---|"]
         for p in tuple(study.PLATFORMS) + ("overall",):
-            if p in conf:
-                r = conf[p]
+            if p in c:
+                r = c[p]
                 lo, hi = r["difference"]["ci95"]
                 lines.append(f"| {p} | {_cell(r[start])} | {_cell(r[arm])} | "
                              f"{r['difference']['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}] |")
