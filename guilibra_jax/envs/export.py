@@ -96,17 +96,23 @@ def expert_episode(platform: str, seed: int, screen_size: Sequence[int] | None =
         raise AssertionError(f"expert failed task {env.task_id}: {env.instruction}")
 
 
-def export_dataset(out_dir: str, platforms: Sequence[str] = ("desktop", "mobile"), n_tasks: int = 100,
+def export_dataset(out_dir: str, platforms: Sequence[str] = ("desktop", "mobile"),
+                   n_tasks: int | Mapping[str, int] = 100,
                    seed: int = 0, split_fraction: float = 0.2,
                    screen_size: Sequence[int] | Mapping[str, Sequence[int]] | None = None,
                    extra_formats: Sequence[str] = ("guilibra_sft", "guilibra_rl")) -> dict[str, Any]:
     """Write the dataset; returns the manifest (counts, paths, seconds).
+
+    n_tasks: tasks per platform, one count for all or {platform: count} (each platform's
+    tasks are the first ``count`` task seeds, held out by the same rule for any count).
 
     screen_size: None (each platform's small default), one (width, height) for all
     platforms, or {platform: (width, height)}. extra_formats: also write GUI-Libra SFT
     JSON / RL parquet per split (``()`` for native JSONL only)."""
     if isinstance(platforms, str):
         platforms = (platforms,)
+    if isinstance(n_tasks, Mapping) and set(platforms) - set(n_tasks):
+        raise ValueError(f"n_tasks {dict(n_tasks)} names no count for {sorted(set(platforms) - set(n_tasks))}")
     t0 = time.perf_counter()
     img_dir = os.path.join(out_dir, "images")
     os.makedirs(img_dir, exist_ok=True)
@@ -118,7 +124,7 @@ def export_dataset(out_dir: str, platforms: Sequence[str] = ("desktop", "mobile"
     files = {s: open(p, "w", encoding="utf-8") for s, p in paths.items()}
     try:
         for platform in platforms:
-            for i in range(n_tasks):
+            for i in range(n_tasks[platform] if isinstance(n_tasks, Mapping) else n_tasks):
                 ts = task_seed(seed, i)
                 split = task_split(ts, split_fraction)
                 tasks[split] += 1
@@ -134,7 +140,8 @@ def export_dataset(out_dir: str, platforms: Sequence[str] = ("desktop", "mobile"
     finally:
         for f in files.values():
             f.close()
-    manifest = {"platforms": list(platforms), "n_tasks_per_platform": n_tasks, "seed": seed,
+    manifest = {"platforms": list(platforms),
+                "n_tasks_per_platform": dict(n_tasks) if isinstance(n_tasks, Mapping) else n_tasks, "seed": seed,
                 "split_fraction": split_fraction,
                 "screen_size": screen_size if not isinstance(screen_size, Mapping) else dict(screen_size),
                 "records": counts, "tasks": tasks, "steps_by_task_kind": kinds,

@@ -169,7 +169,12 @@ KEYS: dict[str, Key] = {
                                          "given with the world without it are an error"),
     "data.synthetic.platforms": Key(CH.PLATFORMS, K.Check(lambda v: isinstance(v, (tuple, list)) and len(v) > 0 and all(
         p in CH.PLATFORMS for p in v), f"a non-empty tuple from {CH.PLATFORMS}"), "platforms of the world"),
-    "data.synthetic.tasks": Key(200, K.integer(1), "tasks generated"),
+    "data.synthetic.tasks": Key(200, K.integer(1), "tasks generated per platform"),
+    "data.synthetic.platform_tasks": Key({}, K.Check(lambda v: hasattr(v, "items") and all(
+        p in CH.PLATFORMS and isinstance(n, int) and not isinstance(n, bool) and n >= 1 for p, n in v.items()),
+        f"a mapping platform -> tasks (an integer >= 1), platforms from {CH.PLATFORMS}"),
+        "tasks of the platforms it names, instead of data.synthetic.tasks (e.g. {'desktop': 480, 'mobile': 96}: "
+        "a 5:1 mix)"),
     "data.synthetic.seed": Key(0, K.integer(0), "seed of the world"),
     "data.synthetic.test_fraction": Key(0.2, K.number(0, 1, hi_open=True), "fraction of the tasks held out"),
     "data.synthetic.tokenizer_vocab": Key(1024, K.integer(DEMO_MIN_VOCAB, note="(Qwen's special tokens + 256 bytes)"),
@@ -631,6 +636,10 @@ def _check_synthetic_and_files(d) -> None:
 def _check_data(c, known: Known) -> None:
     d = c.data
     _check_synthetic_and_files(d)
+    other = sorted(set(d.synthetic.platform_tasks) - set(d.synthetic.platforms))
+    if other:
+        _fail("data.synthetic.platform_tasks", dict(d.synthetic.platform_tasks),
+              f"platforms of data.synthetic.platforms = {tuple(d.synthetic.platforms)} ({other} are not)")
     online_tokenizer = c.rl.world and (c.model.hf_path or c.tokenizer.path)   # no records needed
     if not known.planning and (d.synthetic.enabled or not online_tokenizer):
         if not d.synthetic.enabled and not d.train_files:

@@ -45,6 +45,14 @@ def once_on_main(done, make, what: str) -> None:
         multihost_utils.sync_global_devices(what)
 
 
+def synthetic_tasks(s) -> int | dict[str, int]:
+    """The synthetic world's tasks per platform (``config.data.synthetic``): ``tasks``, or
+    {platform: count} where ``platform_tasks`` names some."""
+    if not s.platform_tasks:
+        return s.tasks
+    return {p: int(s.platform_tasks.get(p, s.tasks)) for p in s.platforms}
+
+
 def ensure_synthetic_data(config, workdir: str) -> dict:
     """Export the synthetic world dataset into the workdir once (idempotent; process 0
     writes it, the others wait)."""
@@ -58,7 +66,7 @@ def ensure_synthetic_data(config, workdir: str) -> dict:
         # half dataset that a rerun would take for the whole one.
         partial = out + ".partial"
         shutil.rmtree(partial, ignore_errors=True)
-        manifest = export_dataset(partial, platforms=tuple(s.platforms), n_tasks=s.tasks, seed=s.seed,
+        manifest = export_dataset(partial, platforms=tuple(s.platforms), n_tasks=synthetic_tasks(s), seed=s.seed,
                                   split_fraction=s.test_fraction, extra_formats=())
         shutil.rmtree(out, ignore_errors=True)
         os.replace(partial, out)

@@ -134,3 +134,40 @@ def test_guilibra_sft_and_rl_copies_read_back_as_the_same_steps(dataset):
             n = native[(r.trajectory_id, r.step)]
             assert (r.target.action_type, r.target.value, r.instruction) == \
                 (n.target.action_type, n.target.value, n.instruction)
+
+
+def test_per_platform_task_counts_take_a_prefix_of_the_task_seeds(tmp_path):
+    """{platform: count}: each platform's tasks are the first ``count`` task seeds, so a 5:1
+    mix holds the same mobile tasks as an equal export cut to that count."""
+    mixed, equal = str(tmp_path / "mixed"), str(tmp_path / "equal")
+    m = export_dataset(mixed, ("desktop", "mobile"), n_tasks={"desktop": 10, "mobile": 2}, seed=3, extra_formats=())
+    export_dataset(equal, ("desktop", "mobile"), n_tasks=2, seed=3, extra_formats=())
+    assert m["n_tasks_per_platform"] == {"desktop": 10, "mobile": 2}
+    assert sum(m["tasks"].values()) == 12
+
+    def tasks(d, platform):
+        return {r.trajectory_id for r in _records(d) if r.platform == platform}
+    assert len(tasks(mixed, "desktop")) == 10
+    assert tasks(mixed, "mobile") == tasks(equal, "mobile")
+    with pytest.raises(ValueError, match=r"no count for \['mobile'\]"):
+        export_dataset(str(tmp_path / "bad"), ("desktop", "mobile"), n_tasks={"desktop": 3})
+
+
+def test_platform_tasks_config_names_its_key():
+    from configs import demo
+    from guilibra_jax.errors import ConfigError
+    from guilibra_jax.train import config as C
+    from guilibra_jax.train.data_source import synthetic_tasks
+    c = demo.get_config()
+    assert synthetic_tasks(c.data.synthetic) == c.data.synthetic.tasks
+    c.data.synthetic.platform_tasks = {"mobile": 96}
+    C.validate(c, planning=True)
+    assert synthetic_tasks(c.data.synthetic) == {"desktop": c.data.synthetic.tasks, "mobile": 96}
+    for bad in ({"mobile": 0}, {"tv": 3}):
+        c.data.synthetic.platform_tasks = bad
+        with pytest.raises(ConfigError, match="data.synthetic.platform_tasks"):
+            C.validate(c, planning=True)
+    c.data.synthetic.platform_tasks = {"mobile": 3}
+    c.data.synthetic.platforms = ("desktop",)
+    with pytest.raises(ConfigError, match=r"data.synthetic.platform_tasks .*\['mobile'\] are not"):
+        C.validate(c, planning=True)
