@@ -3,7 +3,7 @@
     python -m launch.study --study=distill --workdir=runs/study_distill [--smoke]
 
     base, teacher_desktop, teacher_mobile
-                     the UI-MOPD study's base and specialists (configs/study_mopd.py): ASFT
+                     the earlier UI-MOPD setup's base and specialists (study_mopd.earlier_config): ASFT
                      on a small mixed set, then each platform's data alone
     sweep_<arm>      short distillations of the base toward the desktop specialist on
                      desktop TRAINING prompts, task reward off, one per (estimator, lr) of
@@ -62,7 +62,7 @@ def sweep_name(estimator: str, lr: float) -> str:
 
 def _distill(root: str, smoke: bool, estimator: str, lr: float, platforms=("desktop",), task_reward=False):
     """The base distilled from the specialists of ``platforms`` on their prompts."""
-    c = study_mopd.get_config("mopd", root, smoke)
+    c = study_mopd.earlier_config("mopd", root, smoke)
     c.data.synthetic.platforms = tuple(platforms)
     c.rl.teachers = {p: f"{root}/teacher_{p}/export" for p in platforms}
     c.rl.mopd.estimator = estimator
@@ -110,7 +110,7 @@ def get_config(arg: str = "base", root: str = ROOT, smoke: bool = False):
     if arg not in ARGS:
         raise ValueError(f"configs/study_distill.py: unknown argument {arg!r}; expected one of {ARGS}")
     if arg in ("base", "teacher_desktop", "teacher_mobile"):
-        return study_mopd.get_config(arg, root, smoke)
+        return study_mopd.earlier_config(arg, root, smoke)
     est, lr = chosen(root)
     if arg == "distill_desktop":
         c = _distill(root, smoke, est, lr)

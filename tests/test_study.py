@@ -61,33 +61,62 @@ def test_mopd_study_smoke_runs_every_stage_reports_and_resumes(tmp_path, xla_cac
       assert (row["successes"], row["episodes"]) == (k, n) and row["ci95"] == list(wilson(k, n))
   assert res["paper"]["mopd"] == {"desktop": 38.2, "mobile": 12.0}
   report = open(os.path.join(wd, "report.md")).read()
-  assert "| merge_ties |" in report and "mopd >= mixed_sft on mobile" in report
+  assert "| merge_ties |" in report and "| teacher_mobile_wide |" in report
+  assert len(res["orderings"]["mopd"]) == 2 * 15             # every pair of the paper's 6 rows, per platform
+  assert "## The paper's orderings, with mopd_2x as UI-MOPD" in report
   for png in res["figures"].values():
     assert os.path.getsize(os.path.join(wd, png)) > 1000
   with open(os.path.join(wd, "merge_ties", "merge.json")) as f:
     assert json.load(f)["base"] == os.path.join(wd, "base")
   # a rerun skips every finished stage; an interrupted MOPD stage (no export, no marker) resumes
-  shutil.rmtree(os.path.join(wd, "mopd", "export"))
-  os.remove(os.path.join(wd, "mopd", "study_stage.json"))
+  shutil.rmtree(os.path.join(wd, "mopd_long", "export"))
+  os.remove(os.path.join(wd, "mopd_long", "study_stage.json"))
   # a workdir without an export merges from its latest checkpoint (launch.merge, as a user would)
   merged = str(tmp_path / "merged")
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
   m = subprocess.run([sys.executable, "-m", "launch.merge", "--method=average",
-                      f"--inputs={wd}/mopd,{wd}/base/export", f"--out={merged}"],
+                      f"--inputs={wd}/mopd_long,{wd}/base/export", f"--out={merged}"],
                      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert m.returncode == 0, m.stderr[-3000:]
   r = _study("mopd", wd, xla_cache)
-  assert _log(wd) == stages + ["mopd"]
-  assert "resum" in r.stderr.lower() and os.path.exists(os.path.join(wd, "mopd", "export", "config.json"))
+  assert _log(wd) == stages + ["mopd_long"]
+  assert "resum" in r.stderr.lower() and os.path.exists(os.path.join(wd, "mopd_long", "export", "config.json"))
   import numpy as np
   from safetensors.numpy import load_file
   got, a, b = (load_file(os.path.join(d, "model.safetensors"))
-               for d in (merged, f"{wd}/mopd/export", f"{wd}/base/export"))
+               for d in (merged, f"{wd}/mopd_long/export", f"{wd}/base/export"))
   assert sorted(got) == sorted(a)
   for k in a:   # the checkpoint the rerun exported, averaged with the base
     np.testing.assert_allclose(got[k], 0.5 * (a[k].astype(np.float64) + b[k]), rtol=0, atol=1e-6)
   for f in ("tokenizer.json", "run_config.json", "generation_config.json", "preprocessor_config.json"):
     assert os.path.exists(os.path.join(merged, f)), f
+
+
+def test_mopd_orderings_are_paired_by_seed_against_the_papers_table(tmp_path):
+  """Every pair of the paper's rows per platform, tested on the same seeds: a model that
+  wins every seed the other loses "holds"; identical outcomes are a "tie"; the paper's
+  "teachers" row is each platform's wide teacher; reversing a pair is "reversed, significant"."""
+  from configs import study_mopd as S
+  from guilibra_jax.eval.study_report import orderings
+  root = str(tmp_path)
+  rank = {"base": 0, "mixed_sft": 1, "merge_average": 2, "merge_ties": 2, "mopd": 4, "teachers": 5}
+  models = {"base", "mixed_sft", "merge_average", "merge_ties", "mopd", *S.TEACHERS}
+  for m in models:     # success on seeds < 8 * rank: a higher rank wins a superset of seeds
+    r = rank["teachers" if m in S.TEACHERS else m]
+    os.makedirs(os.path.join(root, f"eval_{m}"))
+    with open(os.path.join(root, f"eval_{m}", "online_checkpoint.json"), "w") as f:
+      json.dump({"episodes": [{"platform": p, "seed": k, "success": k < 8 * r} for p in S.PLATFORMS
+                              for k in range(80)]}, f)
+  o = orderings(root, S)
+  assert len(o) == 2 * 15 and {x["platform"] for x in o} == set(S.PLATFORMS)
+  by = {(x["platform"], x["higher"], x["lower"]): x for x in o}
+  x = by[("desktop", "teachers", "mopd")]
+  assert x["models"] == ["teacher_desktop_wide", "mopd"] and x["verdict"] == "holds"
+  assert x["difference"] == pytest.approx(8 / 80) and x["episodes"] == 80
+  assert by[("mobile", "teachers", "mopd")]["models"][0] == "teacher_mobile_wide"
+  assert by[("desktop", "merge_ties", "merge_average")]["verdict"] == "tie"
+  x = by[("mobile", "base", "mixed_sft")]             # the paper: base 7.7 > mixed SFT 6.4 on mobile
+  assert x["verdict"] == "reversed, significant" and x["difference"] == pytest.approx(-8 / 80)
 
 
 @pytest.mark.slow   # ~2.5 min of CPU: the mopd smoke covers the driver, the report test below this report

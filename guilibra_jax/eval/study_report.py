@@ -3,7 +3,8 @@ and the training runs' ``metrics.jsonl``, written as ``results.json``, ``report.
 PNG figures into the study's workdir.
 
     mopd_report(root, study)       UI-MOPD's table: online success per platform with 95%
-                                   Wilson intervals, offline step accuracy, the paper's rows
+                                   Wilson intervals, offline step accuracy, the paper's rows,
+                                   every ordering of the paper's table (paired by seed)
     guilibra_report(root, study)   ASFT ablations; GRPO arms: curves, every checkpoint's
                                    offline and online scores, Spearman offline vs online
     distill_report(root, study)    on-policy distillation: KL over steps, offline accuracy
@@ -34,6 +35,12 @@ RESULTS, REPORT = "results.json", "report.md"
 def _eval_entries(root: str, name: str) -> list[dict]:
     with open(os.path.join(root, f"eval_{name}", "report.json")) as f:
         return json.load(f)["checkpoints"]
+
+
+def _online_episodes(root: str, stage: str) -> list[dict]:
+    """The per-episode online results of an eval stage (``online_checkpoint.json``)."""
+    with open(os.path.join(root, stage, "online_checkpoint.json")) as f:
+        return json.load(f)["episodes"]
 
 
 def scores(entry: dict, platforms) -> dict[str, Any]:
@@ -99,26 +106,68 @@ def _beats(a: dict, b: dict, strict: bool = False) -> str:
 
 # ----------------------------------------------------------------------------- UI-MOPD
 
+def _paper_model(name: str, platform: str, study) -> str:
+    """Our model in the paper's row ``name`` ("teachers": that platform's ``study.TEACHERS``
+    entry, else ``teacher_<platform>``)."""
+    if name != "teachers":
+        return name
+    teachers = getattr(study, "TEACHERS", ())
+    return next((t for t in teachers if t.startswith(f"teacher_{platform}")), f"teacher_{platform}")
+
+
+def orderings(root: str, study, arm: str = "mopd") -> list[dict]:
+    """Every ordering of the paper's table (``study.PAPER``, row "mopd" played by ``arm``),
+    per platform, against ours: the online rates of the two models on the same held-out
+    seeds, the paired bootstrap 95% interval of the difference (the paper's higher row minus
+    its lower), and a verdict: "holds" (interval above 0), "same direction" (ours higher, the
+    interval takes in 0), "tie", "reversed" (ours lower, the interval takes in 0) or
+    "reversed, significant" (interval below 0)."""
+    rows = list(study.PAPER)
+    out = []
+    for k, p in enumerate(study.PLATFORMS):
+        for a in rows:
+            for b in rows:
+                if study.PAPER[a][k] <= study.PAPER[b][k]:
+                    continue
+                ma, mb = (arm if r == "mopd" else _paper_model(r, p, study) for r in (a, b))
+                ea = {e["seed"]: float(bool(e["success"])) for e in _online_episodes(root, f"eval_{ma}")
+                      if e["platform"] == p}
+                eb = {e["seed"]: float(bool(e["success"])) for e in _online_episodes(root, f"eval_{mb}")
+                      if e["platform"] == p}
+                seeds = sorted(set(ea) & set(eb))
+                if not seeds:
+                    raise ValueError(f"orderings: eval_{ma} and eval_{mb} played no common {p} seed")
+                d, lo, hi = paired_bootstrap([eb[x] for x in seeds], [ea[x] for x in seeds])
+                verdict = ("holds" if lo > 0 else "reversed, significant" if hi < 0 else
+                           "same direction" if d > 0 else "reversed" if d < 0 else "tie")
+                out.append({"platform": p, "higher": a, "lower": b, "models": [ma, mb],
+                            "paper": [study.PAPER[a][k], study.PAPER[b][k]], "episodes": len(seeds),
+                            "ours": [sum(ea[x] for x in seeds) / len(seeds), sum(eb[x] for x in seeds) / len(seeds)],
+                            "difference": d, "ci95": [lo, hi], "verdict": verdict})
+    return out
+
+
 def mopd_report(root: str, study) -> dict:
+    """UI-MOPD's table: every model's online success per platform (95% Wilson intervals)
+    and offline step accuracy, the paper's numbers beside them, and every ordering of the
+    paper's table tested on ours (:func:`orderings`, for each MOPD arm)."""
     P = study.PLATFORMS
+    arms = getattr(study, "MOPD_ARMS", ("mopd",))
     rows = {m: scores(_eval_entries(root, m)[0], P) for m in study.MODELS}
-    claims = {}
-    for arm in getattr(study, "MOPD_ARMS", ("mopd",)):
-        for other in ("mixed_sft", "merge_average", "merge_ties", "base"):
-            for p in P:
-                op = ">" if other == "base" else ">="
-                claims[f"{arm} {op} {other} on {p}"] = _beats(rows[arm][p], rows[other][p], strict=op == ">")
+    order = {arm: orderings(root, study, arm) for arm in arms}
+    claims = {f"{arm}: {o['higher']} > {o['lower']} on {o['platform']}": o["verdict"]
+              for arm in arms for o in order[arm] if arm == "mopd" or "mopd" in (o["higher"], o["lower"])}
     results = {"study": "mopd", "models": rows, "paper": {k: dict(zip(P, v)) for k, v in study.PAPER.items()},
-               "claims": claims}
+               "orderings": order, "claims": claims}
+    runs = [r for r in getattr(study, "MOPD_RUNS", arms)]
     figs = {
         "online": F.bars(os.path.join(root, "online_by_platform.png"), "online task success (95% Wilson intervals)",
                          list(study.MODELS), list(P), [[rows[m][p]["success_rate"] for p in P] for m in study.MODELS],
                          [[tuple(rows[m][p]["ci95"]) for p in P] for m in study.MODELS]),
         "mopd_reward": F.lines(os.path.join(root, "mopd_reward.png"), "MOPD student: rollout reward",
-                               [(f"{arm} {p}", _curve(root, arm, f"{p}/reward_mean"))
-                                for arm in getattr(study, "MOPD_ARMS", ("mopd",)) for p in P]),
-        "mopd_kl": F.lines(os.path.join(root, "mopd_kl.png"), "MOPD student: K3 to its platform's teacher",
-                           [(arm, _curve(root, arm, "kl")) for arm in getattr(study, "MOPD_ARMS", ("mopd",))]),
+                               [(f"{run} {p}", _curve(root, run, f"{p}/reward_mean")) for run in runs for p in P]),
+        "mopd_kl": F.lines(os.path.join(root, "mopd_kl.png"), "MOPD student: KL to its platform's teacher",
+                           [(run, _curve(root, run, "kl")) for run in runs]),
     }
     pts = [pt for m in study.MODELS for pt in _points(m, rows[m], P)]
     plot_points(pts, os.path.join(root, "offline_vs_online.png"))
@@ -131,15 +180,29 @@ def mopd_report(root: str, study) -> dict:
              "| model | " + " | ".join(f"{p} online" for p in P) + " | " + " | ".join(f"{p} offline" for p in P)
              + " | offline (all) | paper " + " / ".join(P) + " |",
              "|" + "---|" * (3 + 2 * len(P))]
+    paper_of = {m: r for r in study.PAPER for m in {_paper_model(r, p, study) for p in P}}
     for m in study.MODELS:
         r = rows[m]
-        paper = study.PAPER.get(m) or (study.PAPER["teachers"] if m.startswith("teacher_") else None)
+        paper = study.PAPER.get(m) or study.PAPER.get(paper_of.get(m, ""))
         lines.append(f"| {m} | " + " | ".join(_cell(r[p]) for p in P) + " | "
                      + " | ".join(_fmt(r[p]["offline_step_success"]) for p in P)
                      + f" | {_fmt(r['overall']['offline_step_success'])} | "
                      + (" / ".join(f"{v:.1f}" for v in paper) if paper else "-") + " |")
-    lines += ["", "The paper's ordering (UI-MOPD at or above mixed SFT and both merges on both platforms, "
-              "above the base):", ""] + [f"- {k}: {v}" for k, v in claims.items()]
+    for arm in arms:
+        o = order[arm]
+        held = sum(x["verdict"] == "holds" for x in o)
+        same = sum(x["verdict"] in ("holds", "same direction") for x in o)
+        lines += ["", f"## The paper's orderings, with {arm} as UI-MOPD", "",
+                  f"{len(o)} orderings (every pair of the paper's rows, per platform): {held} hold (paired 95% "
+                  f"interval above 0), {same} have ours in the same direction. Same held-out seeds for both "
+                  "models; difference = the paper's higher row minus its lower.", "",
+                  "| platform | paper: higher > lower | paper | ours | difference [paired 95%] | verdict |",
+                  "|---|---|---|---|---|---|"]
+        for x in o:
+            lo, hi = x["ci95"]
+            lines.append(f"| {x['platform']} | {x['models'][0]} > {x['models'][1]} | {x['paper'][0]:.1f} vs "
+                         f"{x['paper'][1]:.1f} | {x['ours'][0]:.2f} vs {x['ours'][1]:.2f} | {x['difference']:+.3f} "
+                         f"[{lo:+.3f}, {hi:+.3f}] | {x['verdict']} |")
     lines += ["", "Figures: " + ", ".join(f"![{k}]({v})" for k, v in results["figures"].items())]
     return _write(root, results, lines)
 
@@ -314,12 +377,6 @@ def _episode_windows(root: str, run: str, cap: int, n: int = 100) -> dict | None
                 "at_step_limit": sum(e["steps"] >= cap for e in w) / len(w)}
 
     return {"first": window(eps[:n]), "last": window(eps[-n:]), "episodes": len(eps), "step_limit": cap}
-
-
-def _online_episodes(root: str, stage: str) -> list[dict]:
-    """The per-episode online results of an eval stage (``online_checkpoint.json``)."""
-    with open(os.path.join(root, stage, "online_checkpoint.json")) as f:
-        return json.load(f)["episodes"]
 
 
 def confirm(root: str, study, stage: str = "confirm", seen_stages: tuple = ("eval",)) -> dict | None:
