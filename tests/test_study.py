@@ -413,6 +413,17 @@ def test_distill_report_from_eval_reports(tmp_path):
   assert "| sweep_k3_0.001 |" in open(os.path.join(root, "report.md")).read()
   for png in res["figures"].values():
     assert os.path.getsize(os.path.join(root, png)) > 1000
+  # one arm alone (a partial rerun): fractions of each teacher, KL windows, offline by checkpoint
+  from guilibra_jax.eval.study_report import distill_arm
+  arm = "mopd_distill_2x"
+  write_report(os.path.join(root, f"eval_{arm}_steps"), steps, connect=False)
+  a = distill_arm(root, S, arm, window=20)
+  assert a["offline_fraction_of_teacher"]["mobile"] == pytest.approx(
+    entries[arm]["offline"]["by_platform"]["mobile"]["step_success"] / t_mob)
+  assert a["target_90pct_of_each_teacher"]["mobile"] == (a["offline_fraction_of_teacher"]["mobile"] >= 0.9)
+  assert list(a["kl_by_20_steps"]) == ["1-20", "21-40", "41-50"] and a["kl_by_20_steps"]["41-50"] == 0.5
+  assert [r["step"] for r in a["offline_by_step"]] == [0, 25, 50]
+  assert a["offline_by_step"][1]["desktop"] == steps[0]["offline"]["by_platform"]["desktop"]["step_success"]
 
 
 def test_a_study_refuses_another_studys_workdir(tmp_path):

@@ -279,6 +279,30 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def distill_arm(root: str, study, arm: str, window: int = 100) -> dict:
+    """One MOPD arm of the distillation study against the base and the teachers (their
+    eval stages): offline and online per platform, offline accuracy as a fraction of each
+    platform's teacher and the 90% target, the KL to the teachers in ``window``-step
+    windows, and offline accuracy at every checkpoint when eval_<arm>_steps ran."""
+    P = study.PLATFORMS
+    names = ("base", *(f"teacher_{p}" for p in P), arm)
+    rows = {m: scores(_eval_entries(root, m)[0], P) for m in names}
+    teacher = {p: rows[f"teacher_{p}"][p]["offline_step_success"] for p in P}
+    frac = {p: _ratio(rows[arm][p]["offline_step_success"], teacher[p]) for p in P}
+    kl = _curve(root, arm, "kl")
+    windows = {f"{int(kl[i][0])}-{int(kl[min(i + window, len(kl)) - 1][0])}":
+               sum(v for _, v in kl[i:i + window]) / len(kl[i:i + window]) for i in range(0, len(kl), window)}
+    out = {"models": rows, "offline_fraction_of_teacher": frac,
+           "target_90pct_of_each_teacher": {p: (frac[p] or 0) >= 0.9 for p in P}, f"kl_by_{window}_steps": windows}
+    if os.path.exists(os.path.join(root, f"eval_{arm}_steps", "report.json")):
+        by_step = [(0, {p: rows["base"][p]["offline_step_success"] for p in P})]
+        by_step += [(int(e["name"].split("@")[1]), {p: scores(e, P)[p]["offline_step_success"] for p in P})
+                    for e in _eval_entries(root, f"{arm}_steps")]
+        out["offline_by_step"] = [{"step": st, **acc, **{f"{p}_fraction_of_teacher": _ratio(acc[p], teacher[p])
+                                                          for p in P}} for st, acc in by_step]
+    return out
+
+
 def distill_report(root: str, study) -> dict:
     """(a) the desktop distillation: per-token KL to the teacher over steps (first vs last
     window) and held-out offline accuracy at every checkpoint against the teacher's;
