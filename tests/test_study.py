@@ -130,10 +130,12 @@ def test_guilibra_study_smoke_reports_every_arm(tmp_path, xla_cache):
   assert set(res["asft"]) == set(S.SFT) and set(res["grpo"]) == set(S.GRPO)
   for arm, r in res["grpo"].items():
     steps = [c["step"] for c in r["checkpoints"]]
-    assert steps == [0, 1, 2], (arm, steps)           # the SFT start, then every kept checkpoint
+    n = S.get_config(arm, wd, smoke=True).train.steps
+    assert steps == list(range(n + 1)), (arm, steps)   # the SFT start, then every kept checkpoint
     off = [c["overall"]["offline_step_success"] for c in r["checkpoints"]]
     on = [c["overall"]["success_rate"] for c in r["checkpoints"]]
     assert r["spearman_offline_vs_online"] == spearman(off, on)
+  assert res["predictability"]["draws"] > 0 and "beta > 0 keeps offline predictive" in " ".join(res["claims"])
   for png in res["figures"].values():
     assert os.path.getsize(os.path.join(wd, png)) > 1000
 
@@ -331,39 +333,84 @@ def _entry(name, rng, series=None):
   return {**e, "series": series} if series else e
 
 
+def _scored_entry(root, stage, name, rng, series=None, n_off=40, n_on=20):
+  """An evaluated entry with its per-item outcomes written as eval.run writes them
+  (offline_<name>.json steps, online_<name>.json episodes); the entry's rates follow them."""
+  os.makedirs(os.path.join(root, stage), exist_ok=True)
+  plats = ("desktop", "mobile")
+  p_off, p_on = rng.random(), rng.random()
+  steps = [{"trajectory_id": f"t{k}", "step": 0, "platform": plats[k % 2], "step_success": bool(rng.random() < p_off)}
+           for k in range(n_off)]
+  eps = [{"platform": plats[k % 2], "seed": k // 2, "success": bool(rng.random() < p_on)} for k in range(n_on)]
+  with open(os.path.join(root, stage, f"offline_{name}.json"), "w") as f:
+    json.dump({"steps": steps}, f)
+  with open(os.path.join(root, stage, f"online_{name}.json"), "w") as f:
+    json.dump({"episodes": eps}, f)
+
+  def off(rows):
+    return {"step_success": sum(r["step_success"] for r in rows) / len(rows), "grounding_accuracy": 0.5,
+            "action_type_accuracy": 0.5, "n": len(rows)}
+
+  def on(rows):
+    return {"episodes": len(rows), "success_rate": sum(r["success"] for r in rows) / len(rows)}
+  e = {"name": name,
+       "offline": {"overall": off(steps), "by_platform": {p: off([r for r in steps if r["platform"] == p]) for p in plats},
+                   "by_action_type": {}},
+       "online": {"overall": on(eps), "by_platform": {p: on([r for r in eps if r["platform"] == p]) for p in plats}},
+       "_steps": steps, "_episodes": eps}
+  return {**e, "series": series} if series else e
+
+
 def test_guilibra_report_from_eval_reports(tmp_path):
-  """The GUI-Libra report reads the eval stages' report.json files (written by eval.report):
-  each arm's points are the SFT start (step 0) then its checkpoints, Spearman as scipy's."""
+  """The GUI-Libra report reads the eval stages' files (written by eval.run / eval.report):
+  each arm's points are the SFT start (step 0) then its checkpoints, Spearman as scipy's; the
+  final checkpoint against the start paired by seed; the predictability claim as the
+  difference of the beta > 0 and beta = 0 arms' mean rho."""
   import numpy as np
   stats = pytest.importorskip("scipy.stats")
   from configs import study_guilibra as S
   from guilibra_jax.eval.report import write_report
   from guilibra_jax.eval.study_report import guilibra_report
+
+  def strip(e):
+    return {k: v for k, v in e.items() if not k.startswith("_")}
   rng = np.random.default_rng(0)
   root = str(tmp_path)
-  sft = {a: _entry("checkpoint", rng) for a in S.SFT}
+  sft = {a: _scored_entry(root, f"eval_{a}", "checkpoint", rng) for a in S.SFT}
   for a, e in sft.items():
-    write_report(os.path.join(root, f"eval_{a}"), [e], connect=False)
+    write_report(os.path.join(root, f"eval_{a}"), [strip(e)], connect=False)
   arms = {}
   for arm in S.GRPO:
-    arms[arm] = [_entry(f"checkpoint@{s}", rng, "checkpoint") for s in (15, 30, 45, 60)]
-    write_report(os.path.join(root, f"eval_{arm}"), arms[arm], connect=False)
+    arms[arm] = [_scored_entry(root, f"eval_{arm}", f"checkpoint@{s}", rng, "checkpoint") for s in (15, 30, 45, 60)]
+    write_report(os.path.join(root, f"eval_{arm}"), [strip(e) for e in arms[arm]], connect=False)
     os.makedirs(os.path.join(root, arm))
     with open(os.path.join(root, arm, "metrics.jsonl"), "w") as f:
       for s in range(1, 61):
         f.write(json.dumps({"step": s, "reward_mean": s / 60, "kl": s / 600}) + "\n")
   res = guilibra_report(root, S)
-  start = sft[S.SFT[0]]
+  start = sft[S.START]
+  rho = {}
   for arm, entries in arms.items():
     r = res["grpo"][arm]
     assert [c["step"] for c in r["checkpoints"]] == [0, 15, 30, 45, 60]
     off = [e["offline"]["overall"]["step_success"] for e in [start] + entries]
     on = [e["online"]["overall"]["success_rate"] for e in [start] + entries]
-    assert r["spearman_offline_vs_online"] == pytest.approx(stats.spearmanr(off, on).statistic)
+    rho[arm] = stats.spearmanr(off, on).statistic
+    assert r["spearman_offline_vs_online"] == pytest.approx(rho[arm])
     assert r["final_kl"] == pytest.approx(0.1) and r["reward_first_last"] == pytest.approx([1 / 60, 1.0])
+    assert r["final_vs_start_online"]["difference"] == pytest.approx(on[-1] - on[0])
+    assert r["final_vs_start_offline"] == pytest.approx(off[-1] - off[0])
+  pred = res["predictability"]
+  pos = [a for a in S.GRPO if S.BETAS[a] > 0]
+  neg = [a for a in S.GRPO if S.BETAS[a] == 0]
+  assert pos and neg and pred["steps"] == 40 and pred["episodes"] == 20
+  assert pred["difference"] == pytest.approx(np.mean([rho[a] for a in pos]) - np.mean([rho[a] for a in neg]))
+  lo, hi = pred["ci95"]
+  assert lo <= pred["difference"] <= hi
   k = round(sft["asft_a1g1"]["online"]["by_platform"]["mobile"]["success_rate"] * 10)
   assert res["asft"]["asft_a1g1"]["mobile"]["ci95"] == list(wilson(k, 10))
-  assert "| asft_release |" in open(os.path.join(root, "report.md")).read()
+  report = open(os.path.join(root, "report.md")).read()
+  assert "| asft_release |" in report and "## Predictability" in report
   for png in res["figures"].values():
     assert os.path.getsize(os.path.join(root, png)) > 1000
 

@@ -190,7 +190,8 @@ def evaluate_offline(records: Sequence[N.StepRecord], responses: Iterable[str],
                      resized_size: Sequence[int] | Callable[..., Sequence[int]] | None = None
                      ) -> dict[str, Any]:
     """Metrics of ``responses`` (aligned with ``records``): overall, per platform, per
-    label action type, and per (platform, action type). ``resized_size`` (for
+    label action type, and per (platform, action type); ``steps``: each record's outcome
+    (trajectory, step, platform, step success), for paired resampling. ``resized_size`` (for
     coord_space "resized_pixels") is one (w, h) or a function of the image size, or of
     (image size, platform) (:func:`resized_size_of`)."""
     responses = list(responses)
@@ -206,5 +207,7 @@ def evaluate_offline(records: Sequence[N.StepRecord], responses: Iterable[str],
         "by_action_type": _groups(outcomes, lambda o: o.action_type),
         "by_platform_action_type": _groups(outcomes, lambda o: f"{o.platform}/{o.action_type}"),
         "by_format": _groups(outcomes, lambda o: o.format),
+        "steps": [{"trajectory_id": r.trajectory_id, "step": r.step, "platform": o.platform,
+                   "step_success": o.step_success} for r, o in zip(records, outcomes)],
     }
 

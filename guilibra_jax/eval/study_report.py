@@ -209,26 +209,78 @@ def mopd_report(root: str, study) -> dict:
 
 # ----------------------------------------------------------------------------- GUI-Libra
 
-def guilibra_report(root: str, study) -> dict:
-    P = ("desktop", "mobile")
-    sft = {a: scores(_eval_entries(root, a)[0], P) for a in study.SFT}
-    start = sft[study.SFT[0]]
-    arms: dict[str, Any] = {}
-    pts = []
+def _outcomes(root: str, stage: str, entry: str = "checkpoint") -> tuple[dict, dict]:
+    """One evaluated entry's held-out outcomes: {(trajectory, step): 0/1} offline (the
+    ``steps`` of offline_<entry>.json) and {(platform, seed): 0/1} online."""
+    with open(os.path.join(root, stage, f"offline_{entry}.json")) as f:
+        off = {(r["trajectory_id"], r["step"]): float(r["step_success"]) for r in json.load(f)["steps"]}
+    with open(os.path.join(root, stage, f"online_{entry}.json")) as f:
+        on = {(e["platform"], e["seed"]): float(bool(e["success"])) for e in json.load(f)["episodes"]}
+    return off, on
+
+
+def predictability(root: str, study, n_boot: int = 2000) -> dict:
+    """The paper's claim that beta > 0 keeps offline scores predictive of online success:
+    each GRPO arm's checkpoints (its start first) as 0/1 matrices over the held-out steps and
+    episodes every one of them played, and :func:`stats.spearman_difference` of the arms
+    with ``study.BETAS`` > 0 against those with 0."""
+    import numpy as np
+    from guilibra_jax.eval.stats import spearman_difference
+    runs = {}
     for arm in study.GRPO:
-        entries = _eval_entries(root, arm)
+        entries = [("checkpoint", f"eval_{study.START}")] + [
+            (e["name"], f"eval_{arm}") for e in sorted(_eval_entries(root, arm), key=lambda e: int(e["name"].split("@")[1]))]
+        runs[arm] = [_outcomes(root, stage, name) for name, stage in entries]
+    k_off = sorted(set.intersection(*(set(off) for r in runs.values() for off, _ in r)))
+    k_on = sorted(set.intersection(*(set(on) for r in runs.values() for _, on in r)))
+    mats = {a: (np.array([[off[k] for k in k_off] for off, _ in r]), np.array([[on[k] for k in k_on] for _, on in r]))
+            for a, r in runs.items()}
+    pos = [a for a in study.GRPO if study.BETAS[a] > 0]
+    neg = [a for a in study.GRPO if study.BETAS[a] == 0]
+    out = spearman_difference([mats[a] for a in pos], [mats[a] for a in neg], n_boot=n_boot)
+    out["rho"] = dict(zip(pos + neg, out["rho"]))
+    return {**out, "beta_positive": pos, "beta_zero": neg, "steps": len(k_off), "episodes": len(k_on)}
+
+
+def guilibra_report(root: str, study) -> dict:
+    """ASFT ablations (offline and online, held out); the GRPO arms from ``study.START``:
+    every checkpoint's offline and online scores, the final checkpoint against the start
+    (online paired by seed, offline change), Spearman offline vs online per arm, and the
+    predictability claim (:func:`predictability`)."""
+    P = ("desktop", "mobile")
+    start_name = getattr(study, "START", study.SFT[0])
+    sft = {a: scores(_eval_entries(root, a)[0], P) for a in study.SFT}
+    start = sft[start_name]
+    arms: dict[str, Any] = {}
+    claims: dict[str, str] = {}
+    pts = []
+    _, start_on = _outcomes(root, f"eval_{start_name}")
+    for arm in study.GRPO:
+        entries = sorted(_eval_entries(root, arm), key=lambda e: int(e["name"].split("@")[1]))
         ckpts = [(0, start)] + [(int(e["name"].split("@")[1]), scores(e, P)) for e in entries]
         off = [s["overall"]["offline_step_success"] for _, s in ckpts]
         on = [s["overall"]["success_rate"] for _, s in ckpts]
         kl = _curve(root, arm, "kl")
         reward = _curve(root, arm, "reward_mean")
+        _, last_on = _outcomes(root, f"eval_{arm}", entries[-1]["name"])
+        seeds = sorted(set(start_on) & set(last_on))
+        d, lo, hi = paired_bootstrap([start_on[k] for k in seeds], [last_on[k] for k in seeds])
         arms[arm] = {"checkpoints": [{"step": st, **s} for st, s in ckpts],
                      "spearman_offline_vs_online": spearman(off, on),
+                     "final_vs_start_online": {"difference": d, "ci95": [lo, hi], "episodes": len(seeds)},
+                     "final_vs_start_offline": (off[-1] - off[0]) if None not in (off[0], off[-1]) else None,
                      "final_kl": kl[-1][1] if kl else None,
                      "reward_first_last": [reward[0][1], reward[-1][1]] if reward else None}
+        claims[f"{arm}: final online > {start_name} (paired 95% interval above 0)"] = "yes" if lo > 0 else "no"
         for st, s in ckpts:
             pts += _points(f"{arm}@{st}", s, P, arm)
-    results = {"study": "guilibra", "asft": sft, "grpo": arms}
+    pred = predictability(root, study) if getattr(study, "BETAS", None) else None
+    if pred:
+        lo = pred["ci95"][0]
+        claims["beta > 0 keeps offline predictive of online (rho difference, 95% interval above 0)"] = (
+            "yes" if lo is not None and lo > 0 else "no")
+    results = {"study": "guilibra", "asft": sft, "start": start_name, "grpo": arms, "predictability": pred,
+               "claims": claims}
     figs = {
         "asft_offline": F.bars(os.path.join(root, "asft_offline.png"), "ASFT ablations: held-out offline accuracy",
                                list(study.SFT), ["step", "grounding", "action type"],
@@ -242,29 +294,40 @@ def guilibra_report(root: str, study) -> dict:
                                [(a, _curve(root, a, "reward_mean")) for a in study.GRPO]),
         "grpo_kl": F.lines(os.path.join(root, "grpo_kl.png"), "GRPO arms: KL to the SFT start",
                            [(a, _curve(root, a, "kl")) for a in study.GRPO]),
+        "grpo_online": F.lines(os.path.join(root, "grpo_online.png"), "GRPO arms: held-out online success by step",
+                               [(a, [(c["step"], c["overall"]["success_rate"]) for c in r["checkpoints"]])
+                                for a, r in arms.items()]),
     }
     plot_points(pts, os.path.join(root, "offline_vs_online.png"), title="checkpoints: offline vs online")
     figs["offline_vs_online"] = os.path.join(root, "offline_vs_online.png")
     results["figures"] = {k: os.path.basename(v) for k, v in figs.items()}
-    lines = ["# GUI-Libra study on the synthetic world", "", "## ASFT ablations (held-out)", "",
+    lines = ["# GUI-Libra study on the synthetic world", "", "## ASFT (held-out)", "",
              "| run | offline step | grounding | action type | " + " | ".join(f"{p} online" for p in P) + " |",
              "|" + "---|" * (4 + len(P))]
     for a in study.SFT:
         o = sft[a]["overall"]
         lines.append(f"| {a} | {_fmt(o['offline_step_success'])} | {_fmt(o['offline_grounding_accuracy'])} | "
                      f"{_fmt(o['offline_action_type_accuracy'])} | " + " | ".join(_cell(sft[a][p]) for p in P) + " |")
-    lines += ["", f"## GRPO from {study.SFT[0]}: beta x SNGS", "",
-              "| arm | checkpoints (step: offline / online) | Spearman offline vs online | final KL | reward first -> last |",
-              "|---|---|---|---|---|"]
+    lines += ["", f"## GRPO from {start_name}: beta x SNGS", "",
+              "| arm | checkpoints (step: offline / online) | final - start online [paired 95%] | "
+              "Spearman offline vs online | final KL | reward first -> last |", "|---|---|---|---|---|---|"]
     for arm, r in arms.items():
         ck = ", ".join(f"{c['step']}: {_fmt(c['overall']['offline_step_success'])} / "
                        f"{_fmt(c['overall']['success_rate'])}" for c in r["checkpoints"])
-        rf = r["reward_first_last"]
-        lines.append(f"| {arm} | {ck} | {_fmt(r['spearman_offline_vs_online'])} | {_fmt(r['final_kl'], 4)} | "
+        rf, fv = r["reward_first_last"], r["final_vs_start_online"]
+        lines.append(f"| {arm} | {ck} | {fv['difference']:+.3f} [{fv['ci95'][0]:+.3f}, {fv['ci95'][1]:+.3f}] | "
+                     f"{_fmt(r['spearman_offline_vs_online'])} | {_fmt(r['final_kl'], 4)} | "
                      + (f"{rf[0]:.2f} -> {rf[1]:.2f}" if rf else "-") + " |")
-    lines += ["", "Paper's claim: beta > 0 keeps offline scores predictive of online success (a higher Spearman "
-              "than beta = 0); GRPO raises online success over its SFT start without losing held-out offline "
-              "accuracy.", "", "Figures: " + ", ".join(f"![{k}]({v})" for k, v in results["figures"].items())]
+    if pred:
+        lo, hi = pred["ci95"]
+        lines += ["", "## Predictability (the paper's claim for beta > 0)", "",
+                  f"Spearman's rho between each arm's checkpoints' offline and online scores: "
+                  + ", ".join(f"{a} {_fmt(v)}" for a, v in pred["rho"].items())
+                  + f". Mean over beta > 0 minus mean over beta = 0: {_fmt(pred['difference'])} "
+                  f"[{_fmt(lo)}, {_fmt(hi)}] (bootstrap over {pred['steps']} held-out steps and "
+                  f"{pred['episodes']} episodes, {pred['draws']} draws, {pred['undefined_draws']} undefined)."]
+    lines += ["", "## Claims", ""] + [f"- {k}: {v}" for k, v in claims.items()]
+    lines += ["", "Figures: " + ", ".join(f"![{k}]({v})" for k, v in results["figures"].items())]
     return _write(root, results, lines)
 
 

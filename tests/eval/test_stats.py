@@ -59,3 +59,28 @@ def test_paired_bootstrap_against_normal_theory_and_scipy():
   assert paired_bootstrap([1, 0, 1], [1, 0, 1]) == (0.0, 0.0, 0.0)
   with pytest.raises(ValueError, match="3 outcomes against 2"):
     paired_bootstrap([1, 0, 1], [1, 0])
+
+
+def test_spearman_difference_point_estimate_is_scipys_and_identical_runs_give_zero():
+    """The point estimate is scipy's Spearman on each run's checkpoint rates; runs scored
+    alike in both groups differ by exactly 0 in every bootstrap draw; a run whose offline
+    order agrees with its online order against one where it is reversed differs by 2 with an
+    interval above 0 when the checkpoints are far apart."""
+    stats = pytest.importorskip("scipy.stats")
+    from guilibra_jax.eval.stats import spearman_difference
+    rng = np.random.default_rng(0)
+    p_off, p_on = np.array([0.2, 0.4, 0.6, 0.8]), np.array([0.1, 0.3, 0.5, 0.9])
+    agree = ((rng.random((4, 400)) < p_off[:, None]), (rng.random((4, 300)) < p_on[:, None]))
+    rev = (agree[0], agree[1][::-1])
+    r = spearman_difference([agree], [rev], n_boot=300)
+    want = (stats.spearmanr(agree[0].mean(1), agree[1].mean(1))[0]
+            - stats.spearmanr(rev[0].mean(1), rev[1].mean(1))[0])
+    assert r["difference"] == pytest.approx(want) == pytest.approx(2.0)
+    assert r["ci95"][0] > 0 and r["undefined_draws"] == 0
+    same = spearman_difference([agree], [agree], n_boot=200)
+    assert same["difference"] == 0 and same["ci95"] == [0.0, 0.0]
+    close = (rng.random((4, 30)) < 0.5, rng.random((4, 30)) < 0.5)   # noise only: the interval takes in 0
+    n = spearman_difference([close], [(close[0], close[1][::-1])], n_boot=300)
+    assert n["ci95"][0] < 0 < n["ci95"][1]
+    with pytest.raises(ValueError, match="same steps and episodes"):
+        spearman_difference([agree], [(agree[0][:, :10], agree[1])])
