@@ -24,6 +24,12 @@
                      platform half of a step's rollouts), checkpoints every ``CHECKPOINT_EVERY_2X``
                      steps; the claim is its final checkpoint (fixed before it ran), the
                      checkpoints' offline accuracy is the curve (eval_mopd_distill_2x_steps)
+    mopd_distill_4x  a follow-up fixed before it ran (after mopd_distill_2x had been evaluated:
+                     desktop met the target, mobile 0.76 of its teacher with the KL still
+                     falling): the same for 2,400 steps, the claim its final checkpoint. Run
+                     as mopd_distill_2x's run continued (copy WORKDIR/mopd_distill_2x to
+                     WORKDIR/mopd_distill_4x first; train.allow_config_change is on, only
+                     train.steps differs, constant lr: the same updates as one 2,400-step run)
     eval_<model>     held-out offline step accuracy (every checkpoint of distill_desktop)
                      and online success per platform (launch.eval)
 
@@ -40,7 +46,7 @@ from configs import study_mopd
 
 ROOT = "runs/study_distill"
 ARGS = ("base", "teacher_desktop", "teacher_mobile", "distill_desktop", "mopd", "mopd_nomask", "mopd_distill",
-        "mopd_nomask_2x", "mopd_distill_2x")   # a literal: launch.recipes reads it
+        "mopd_nomask_2x", "mopd_distill_2x", "mopd_distill_4x")   # a literal: launch.recipes reads it
 PLATFORMS = study_mopd.PLATFORMS
 SWEEP = (("k3", 1e-3), ("logratio_advantage", 3e-4), ("logratio_advantage", 1e-3), ("full_kl", 1e-3))
 SWEEP_STEPS = 30
@@ -50,7 +56,7 @@ MOPD_STEPS = 600            # the same budget as distill_desktop (150 left both 
 CHECKPOINT_EVERY = 25
 CHECKPOINT_EVERY_2X = 100    # the 1,200-step arms: 12 checkpoints to evaluate
 EVAL_EPISODES = 80           # online episodes per platform (held-out task seeds)
-MOPD_ARMS = ("mopd", "mopd_nomask", "mopd_distill", "mopd_nomask_2x", "mopd_distill_2x")
+MOPD_ARMS = ("mopd", "mopd_nomask", "mopd_distill", "mopd_nomask_2x", "mopd_distill_2x", "mopd_distill_4x")
 MODELS = ("base", "teacher_desktop", "teacher_mobile", "distill_desktop", *MOPD_ARMS)
 CHOSEN = "sweep_choice.json"
 UNSWEPT = ("logratio_advantage", 3e-4)   # the arm of a stage run without the sweep's choice
@@ -118,9 +124,11 @@ def get_config(arg: str = "base", root: str = ROOT, smoke: bool = False):
     else:
         c = _distill(root, smoke, est, lr, platforms=PLATFORMS, task_reward=not arg.startswith("mopd_distill"))
         c.rl.mopd.kl_mask = "paper" if arg == "mopd" else "off"
-        c.train.steps = 2 if smoke else MOPD_STEPS * (2 if arg.endswith("_2x") else 1)
-        if arg.endswith("_2x"):
+        c.train.steps = 2 if smoke else MOPD_STEPS * {"2x": 2, "4x": 4}.get(arg.rsplit("_", 1)[-1], 1)
+        if arg.endswith(("_2x", "_4x")):
             c.train.checkpoint_every = CHECKPOINT_EVERY_2X
+        if arg.endswith("_4x"):
+            c.train.allow_config_change = True    # continues mopd_distill_2x's run (docstring)
     if smoke:
         c.train.checkpoint_every = 1
     return c
@@ -149,6 +157,7 @@ def plan(root: str = ROOT, smoke: bool = False) -> list[dict]:
     # every checkpoint of (a): offline accuracy over steps (online on the final model above)
     stages.append(dict(name="eval_distill_desktop_steps", kind="eval", model="distill_desktop",
                        config=eval_config(f"{root}/distill_desktop", smoke, sweep=True, episodes=0)))
-    stages.append(dict(name="eval_mopd_distill_2x_steps", kind="eval", model="mopd_distill_2x",
-                       config=eval_config(f"{root}/mopd_distill_2x", smoke, sweep=True, episodes=0)))
+    for arm in ("mopd_distill_2x", "mopd_distill_4x"):
+        stages.append(dict(name=f"eval_{arm}_steps", kind="eval", model=arm,
+                           config=eval_config(f"{root}/{arm}", smoke, sweep=True, episodes=0)))
     return stages
