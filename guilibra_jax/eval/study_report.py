@@ -37,10 +37,15 @@ def _eval_entries(root: str, name: str) -> list[dict]:
         return json.load(f)["checkpoints"]
 
 
-def _online_episodes(root: str, stage: str) -> list[dict]:
-    """The per-episode online results of an eval stage (``online_checkpoint.json``)."""
-    with open(os.path.join(root, stage, "online_checkpoint.json")) as f:
-        return json.load(f)["episodes"]
+def _online(root: str, stage: str, entry: str = "checkpoint") -> dict[tuple[str, int], float]:
+    """An eval stage entry's online episodes (``online_<entry>.json``): {(platform, seed): 0/1}."""
+    with open(os.path.join(root, stage, f"online_{entry}.json")) as f:
+        return {(e["platform"], e["seed"]): float(bool(e["success"])) for e in json.load(f)["episodes"]}
+
+
+def _sweep(root: str, name: str) -> list[tuple[int, dict]]:
+    """A checkpoint sweep's entries (``checkpoint@<step>``) as (step, entry), in step order."""
+    return sorted(((int(e["name"].split("@")[1]), e) for e in _eval_entries(root, name)), key=lambda x: x[0])
 
 
 def scores(entry: dict, platforms) -> dict[str, Any]:
@@ -130,10 +135,8 @@ def orderings(root: str, study, arm: str = "mopd") -> list[dict]:
                 if study.PAPER[a][k] <= study.PAPER[b][k]:
                     continue
                 ma, mb = (arm if r == "mopd" else _paper_model(r, p, study) for r in (a, b))
-                ea = {e["seed"]: float(bool(e["success"])) for e in _online_episodes(root, f"eval_{ma}")
-                      if e["platform"] == p}
-                eb = {e["seed"]: float(bool(e["success"])) for e in _online_episodes(root, f"eval_{mb}")
-                      if e["platform"] == p}
+                ea, eb = ({seed: v for (pl, seed), v in _online(root, f"eval_{m}").items() if pl == p}
+                          for m in (ma, mb))
                 seeds = sorted(set(ea) & set(eb))
                 if not seeds:
                     raise ValueError(f"orderings: eval_{ma} and eval_{mb} played no common {p} seed")
@@ -159,7 +162,7 @@ def mopd_report(root: str, study) -> dict:
               for arm in arms for o in order[arm] if arm == "mopd" or "mopd" in (o["higher"], o["lower"])}
     results = {"study": "mopd", "models": rows, "paper": {k: dict(zip(P, v)) for k, v in study.PAPER.items()},
                "orderings": order, "claims": claims}
-    runs = [r for r in getattr(study, "MOPD_RUNS", arms)]
+    runs = getattr(study, "MOPD_RUNS", arms)
     figs = {
         "online": F.bars(os.path.join(root, "online_by_platform.png"), "online task success (95% Wilson intervals)",
                          list(study.MODELS), list(P), [[rows[m][p]["success_rate"] for p in P] for m in study.MODELS],
@@ -214,9 +217,7 @@ def _outcomes(root: str, stage: str, entry: str = "checkpoint") -> tuple[dict, d
     ``steps`` of offline_<entry>.json) and {(platform, seed): 0/1} online."""
     with open(os.path.join(root, stage, f"offline_{entry}.json")) as f:
         off = {(r["trajectory_id"], r["step"]): float(r["step_success"]) for r in json.load(f)["steps"]}
-    with open(os.path.join(root, stage, f"online_{entry}.json")) as f:
-        on = {(e["platform"], e["seed"]): float(bool(e["success"])) for e in json.load(f)["episodes"]}
-    return off, on
+    return off, _online(root, stage, entry)
 
 
 def predictability(root: str, study, n_boot: int = 2000) -> dict:
@@ -229,7 +230,7 @@ def predictability(root: str, study, n_boot: int = 2000) -> dict:
     runs = {}
     for arm in study.GRPO:
         entries = [("checkpoint", f"eval_{study.START}")] + [
-            (e["name"], f"eval_{arm}") for e in sorted(_eval_entries(root, arm), key=lambda e: int(e["name"].split("@")[1]))]
+            (e["name"], f"eval_{arm}") for _, e in _sweep(root, arm)]
         runs[arm] = [_outcomes(root, stage, name) for name, stage in entries]
     k_off = sorted(set.intersection(*(set(off) for r in runs.values() for off, _ in r)))
     k_on = sorted(set.intersection(*(set(on) for r in runs.values() for _, on in r)))
@@ -256,8 +257,8 @@ def guilibra_report(root: str, study) -> dict:
     pts = []
     _, start_on = _outcomes(root, f"eval_{start_name}")
     for arm in study.GRPO:
-        entries = sorted(_eval_entries(root, arm), key=lambda e: int(e["name"].split("@")[1]))
-        ckpts = [(0, start)] + [(int(e["name"].split("@")[1]), scores(e, P)) for e in entries]
+        entries = [e for _, e in _sweep(root, arm)]
+        ckpts = [(0, start)] + [(st, scores(e, P)) for st, e in _sweep(root, arm)]
         off = [s["overall"]["offline_step_success"] for _, s in ckpts]
         on = [s["overall"]["success_rate"] for _, s in ckpts]
         kl = _curve(root, arm, "kl")
@@ -359,8 +360,8 @@ def distill_arm(root: str, study, arm: str, window: int = 100) -> dict:
            "target_90pct_of_each_teacher": {p: (frac[p] or 0) >= 0.9 for p in P}, f"kl_by_{window}_steps": windows}
     if os.path.exists(os.path.join(root, f"eval_{arm}_steps", "report.json")):
         by_step = [(0, {p: rows["base"][p]["offline_step_success"] for p in P})]
-        by_step += [(int(e["name"].split("@")[1]), {p: scores(e, P)[p]["offline_step_success"] for p in P})
-                    for e in _eval_entries(root, f"{arm}_steps")]
+        by_step += [(st, {p: scores(e, P)[p]["offline_step_success"] for p in P})
+                    for st, e in _sweep(root, f"{arm}_steps")]
         out["offline_by_step"] = [{"step": st, **acc, **{f"{p}_fraction_of_teacher": _ratio(acc[p], teacher[p])
                                                           for p in P}} for st, acc in by_step]
     return out
@@ -380,8 +381,7 @@ def distill_report(root: str, study) -> dict:
     kl_first, kl_last = _window(kl, w, last=False), _window(kl, w, last=True)
     teacher_off = {p: rows[f"teacher_{p}"][p]["offline_step_success"] for p in P}
     steps = [(0, rows["base"]["desktop"]["offline_step_success"])]
-    steps += [(int(e["name"].split("@")[1]), scores(e, P)["desktop"]["offline_step_success"])
-              for e in _eval_entries(root, "distill_desktop_steps")]
+    steps += [(st, scores(e, P)["desktop"]["offline_step_success"]) for st, e in _sweep(root, "distill_desktop_steps")]
     reach = next((st for st, acc in steps if acc is not None and teacher_off["desktop"]
                   and acc >= 0.9 * teacher_off["desktop"]), None)
     final_off = rows["distill_desktop"]["desktop"]["offline_step_success"]
@@ -476,10 +476,8 @@ def confirm(root: str, study, stage: str = "confirm", seen_stages: tuple = ("eva
     if not names or not all(os.path.exists(os.path.join(root, f"{stage}_{m}", "online_checkpoint.json"))
                             for m in names):
         return None
-    seen = {(e["platform"], e["seed"]) for m in names for s in seen_stages
-            for e in _online_episodes(root, f"{s}_{m}")}
-    outcome = {m: {(e["platform"], e["seed"]): float(bool(e["success"]))
-                   for e in _online_episodes(root, f"{stage}_{m}")} for m in names}
+    seen = {k for m in names for s in seen_stages for k in _online(root, f"{s}_{m}")}
+    outcome = {m: _online(root, f"{stage}_{m}") for m in names}
     start, arm = names
     keys = sorted(set(outcome[start]) & set(outcome[arm]) - seen)
     if set(outcome[start]) - seen != set(outcome[arm]) - seen:
