@@ -43,6 +43,14 @@ JAX side computes the head: the longest row's loss count rounded up by the chunk
 flops_utilisation = executed flops / (step time * peak), with peak this machine's measured JAX
 matmul FLOP/s (2 n^3 / time, float32 on CPU) and, on a known accelerator, its nominal bf16 peak.
 
+XLA flag sets (--xla_variants "name=FLAGS;name2=FLAGS2"): each becomes one more JAX side, "jax:name",
+in its own process started with XLA_FLAGS=FLAGS (appended to the environment's), interleaved with
+the others; the JSON gives each its ratio to the plain "jax" side (speedup "jax:name_vs_jax") and its
+parity with it. The measured peak stays the plain side's (a flag that changes the dot emitter
+changes its own matmul too). E.g. the CPU dot back ends:
+  python -m benchmarks.step --no-torch_compile --xla_variants \
+      "onednn=--xla_cpu_use_onednn=true;xnn=--xla_cpu_experimental_xnn_fusion_type=dot"
+
 Writes benchmarks/results/step-<model>-<dtype>-<machine>.json (see --out_dir) and prints it.
 """
 from __future__ import annotations
@@ -317,7 +325,7 @@ class TorchSide:
 def serve(conn, side: str, args, config, raw, export_dir):
     """A side's process: build it, then answer "step" and "summary" until "summary"."""
     try:
-        if side == "jax":
+        if side.startswith("jax"):
             obj = JaxSide(args, config, raw, export_dir)
         else:
             obj = TorchSide(args, config, raw, export_dir, compile_=side == "torch_compile")
@@ -353,17 +361,32 @@ def serve(conn, side: str, args, config, raw, export_dir):
 class Remote:
     """One side in its own spawned process, driven over a pipe."""
 
-    def __init__(self, side, *args):
+    def __init__(self, side, *args, xla_flags: str = ""):
         ctx = multiprocessing.get_context("spawn")
         self.side = side
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=serve, args=(child, side, *args), daemon=True)
-        self.proc.start()
+        before = os.environ.get("XLA_FLAGS")
+        if xla_flags:   # the spawned child reads its environment at start
+            os.environ["XLA_FLAGS"] = f"{before or ''} {xla_flags}".strip()
+        try:
+            self.proc.start()
+        finally:
+            if xla_flags:
+                if before is None:
+                    os.environ.pop("XLA_FLAGS", None)
+                else:
+                    os.environ["XLA_FLAGS"] = before
 
     def call(self, cmd=None):
         if cmd is not None:
             self.conn.send(cmd)
-        status, value = self.conn.recv()
+        try:
+            status, value = self.conn.recv()
+        except EOFError:   # the process died without a word (a crash in the compiler or a kernel)
+            self.proc.join(timeout=10)
+            raise RuntimeError(f"side {self.side!r} exited (code {self.proc.exitcode}) before answering "
+                               f"{cmd or 'ready'!r}") from None
         if status == "error":
             raise RuntimeError(value)
         return value
@@ -376,7 +399,8 @@ class Remote:
 
 # ----------------------------------------------------------------------------- report
 def parity(hist: dict, dtype: str) -> dict:
-    """Relative gaps of each torch side's losses and gradient norms (before clipping) from JAX's, step
+    """Relative gaps of each other side's (torch, JAX under other XLA flags) losses and gradient norms
+    (before clipping) from the plain JAX side's, step
     by step. Step 1 is the shared initial weights: model, inputs and loss. At random init every
     token's NLL is about log V, so the loss value barely depends on the ASFT weights or normalisation;
     the gradient norm does (sum_t (w_t / sum w)^2). Step 2 follows one update, which tests lr, eps and
@@ -385,20 +409,19 @@ def parity(hist: dict, dtype: str) -> dict:
     rel = lambda j, t: abs(t - j) / max(abs(j), 1e-30)
     out = {"dtype": dtype, "rtol": rtol}
     j = hist["jax"]
-    for side in TORCH_SIDES:
-        if side not in hist:
-            continue
+    others = [s for s in hist if s != "jax"]
+    for side in others:
         t = hist[side]
         rows = [{"loss_rel_diff": rel(lj, lt), "grad_norm_rel_diff": rel(gj, gt)}
                 for lj, lt, gj, gt in zip(j["losses"], t["losses"], j["grad_norms"], t["grad_norms"])]
         ok = all(r["loss_rel_diff"] <= rtol["loss"] and r["grad_norm_rel_diff"] <= rtol["grad_norm"] for r in rows)
         out[side] = {"steps": rows, "max_loss_rel_diff": max(r["loss_rel_diff"] for r in rows),
                      "max_grad_norm_rel_diff": max(r["grad_norm_rel_diff"] for r in rows), "ok": ok}
-        print(f"[parity] {side}: step1 loss jax {j['losses'][0]:.7f} torch {t['losses'][0]:.7f}; over "
+        print(f"[parity] {side}: step1 loss jax {j['losses'][0]:.7f} {side} {t['losses'][0]:.7f}; over "
               f"{len(rows)} steps max rel diff loss {out[side]['max_loss_rel_diff']:.1e} grad norm "
               f"{out[side]['max_grad_norm_rel_diff']:.1e} (rtol {rtol['loss']:g} / {rtol['grad_norm']:g}, {dtype}): "
               f"{'OK' if ok else 'MISMATCH'}", flush=True)
-    out["ok"] = all(out[s]["ok"] for s in TORCH_SIDES if s in out)
+    out["ok"] = all(out[s]["ok"] for s in others)
     return out
 
 
@@ -429,6 +452,8 @@ def parse_args(argv=None):
     p.add_argument("--torch_compile", action=argparse.BooleanOptionalAction, default=True,
                    help="also the torch.compile side (its compile takes minutes on a CPU)")
     p.add_argument("--torch_adamw", default="fused", choices=("fused", "foreach", "for-loop"))
+    p.add_argument("--xla_variants", default="",
+                   help='more JAX sides, one per XLA flag set: "name=FLAGS;name2=FLAGS2" (side "jax:name")')
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch intra-op threads")
     p.add_argument("--config", default="", help="a training recipe, configs/X.py[:arg]: its model, dtype, remat, "
                                                 "scan_layers and mesh (overrides --model/--dtype/--mesh; no torch)")
@@ -444,6 +469,14 @@ def parse_args(argv=None):
             args.torch = False
     if args.steps < 1:
         p.error(f"--steps={args.steps}: need at least 1 timed round")
+    args.variants = {}
+    for part in filter(None, (x.strip() for x in args.xla_variants.split(";"))):
+        name, sep, flags = part.partition("=")
+        if not sep or not name.strip() or not flags.strip().startswith("--"):
+            p.error(f"--xla_variants: {part!r} is not name=--flag[=value] ...")
+        if f"jax:{name.strip()}" in args.variants:
+            p.error(f"--xla_variants: the name {name.strip()!r} appears twice")
+        args.variants[f"jax:{name.strip()}"] = flags.strip()
     if args.torch is None:
         try:
             import torch  # noqa: F401
@@ -460,7 +493,8 @@ def main(argv=None) -> dict:
     config = C.bench_config(args.model)
     raw = host_batch(config, args)
     stats = batch_stats(raw, config, args.logits_chunk)
-    sides = ["jax"] + ([s for s in TORCH_SIDES if s != "torch_compile" or args.torch_compile] if args.torch else [])
+    sides = ["jax", *args.variants] + ([s for s in TORCH_SIDES if s != "torch_compile" or args.torch_compile]
+                                       if args.torch else [])
     print(f"[step] {args.model} {args.dtype} batch {stats['rows']} x {stats['seq']}, loss positions "
           f"{stats['loss_positions']} ({stats['loss_fraction']:.0%} of tokens), sides {sides}", flush=True)
 
@@ -470,7 +504,7 @@ def main(argv=None) -> dict:
             remotes["jax"] = Remote("jax", args, config, raw, d if args.torch else None)
             remotes["jax"].call()  # ready: the export is written
             for s in sides[1:]:
-                remotes[s] = Remote(s, args, config, raw, d)
+                remotes[s] = Remote(s, args, config, raw, d, xla_flags=args.variants.get(s, ""))
             for s in sides[1:]:
                 remotes[s].call()
             first = {}
@@ -502,7 +536,11 @@ def main(argv=None) -> dict:
     res = {}
     for s in sides:
         step_s = float(np.median(hist[s]["times"]))
-        executed = fl["executed_flops_jax" if s == "jax" else "executed_flops_torch"]
+        if s in args.variants:   # the plain side's peak (the machine's), this side's own beside it
+            summaries[s]["own_measured_peak_flops"] = summaries[s].pop("measured_peak_flops")
+            for k in ("machine", "params"):
+                summaries[s].pop(k, None)
+        executed = fl["executed_flops_jax" if s.startswith("jax") else "executed_flops_torch"]
         res[s] = {**summaries[s], "first_step_s": round(first[s], 3), "step_s": round(step_s, 4),
                   "step_times_s": [round(x, 4) for x in hist[s]["times"]],
                   "tokens_per_s": round(stats["tokens"] / step_s, 1),
@@ -511,7 +549,7 @@ def main(argv=None) -> dict:
                   "flops_utilisation": round(executed / (step_s * peak * ndev), 4),
                   "mfu_vs_measured": round(fl["model_flops"] / (step_s * peak * ndev), 4),
                   "losses": hist[s]["losses"], "grad_norms": hist[s]["grad_norms"]}
-        if nominal and s == "jax":
+        if nominal and s.startswith("jax"):
             res[s]["nominal_peak_flops"] = nominal
             res[s]["mfu_vs_nominal"] = round(fl["model_flops"] / (step_s * nominal * ndev), 4)
     result = {"benchmark": "train_step", "model": args.model, "dtype": args.dtype, "batch": stats,
@@ -519,7 +557,10 @@ def main(argv=None) -> dict:
               "measured_peak_flops": peak, "timing": "interleaved rounds (rotating order); each step from the host "
               "batch to the finished update: host preparation (positions, vision metadata) timed on both sides",
               "sides": res,
-              "speedup": {f"jax_vs_{s}": round(res[s]["step_s"] / res["jax"]["step_s"], 3) for s in sides[1:]},
+              # how many times faster: JAX than each torch side; each XLA flag set than plain JAX
+              "speedup": {**{f"jax_vs_{s}": round(res[s]["step_s"] / res["jax"]["step_s"], 3)
+                             for s in sides[1:] if s not in args.variants},
+                          **{f"{s}_vs_jax": round(res["jax"]["step_s"] / res[s]["step_s"], 3) for s in args.variants}},
               "parity": parity(hist, args.dtype) if len(sides) > 1 else None}
     return C.report("step", f"step-{args.model}-{args.dtype}", result, args, start, machine)
 

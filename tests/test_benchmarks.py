@@ -24,9 +24,12 @@ def test_step_benchmark_interleaves_sides_with_parity_and_writes_results(tmp_pat
     from benchmarks import step
 
     res = step.main(["--model=tiny", "--seq=64", "--image=56", "--steps=1", "--mesh=1,1,1",
-                     "--no-torch_compile", f"--out_dir={tmp_path}", "--loaded"])
+                     "--no-torch_compile", f"--out_dir={tmp_path}", "--loaded",
+                     "--xla_variants", "eigen=--xla_cpu_experimental_ynn_fusion_type="])
     files = list(tmp_path.glob("step-tiny-float32-*.json"))
-    assert len(files) == 1 and json.loads(files[0].read_text())["sides"].keys() == {"jax", "torch_eager"}
+    assert len(files) == 1 and json.loads(files[0].read_text())["sides"].keys() == {"jax", "jax:eigen", "torch_eager"}
+    assert res["sides"]["jax:eigen"]["xla_flags"].endswith("--xla_cpu_experimental_ynn_fusion_type=")
+    assert res["parity"]["jax:eigen"]["ok"] and "jax:eigen_vs_jax" in res["speedup"]
     _provenance(res)
     assert res["loaded"] is True
     assert res["parity"]["ok"], res["parity"]
@@ -40,6 +43,19 @@ def test_step_benchmark_interleaves_sides_with_parity_and_writes_results(tmp_pat
     assert res["sides"]["torch_eager"]["attn_implementation"] == "sdpa"
     assert res["sides"]["torch_eager"]["threads"] == os.cpu_count()
     assert res["sides"]["jax"]["host_prep_s"] > 0 and "jax_vs_torch_eager" in res["speedup"]
+
+
+def test_step_benchmark_reads_xla_flag_sets_as_named_jax_sides():
+    from benchmarks import step
+
+    args = step.parse_args(["--no-torch", "--xla_variants",
+                            "eigen=--xla_cpu_experimental_ynn_fusion_type=; ynn=--xla_cpu_experimental_ynn_fusion_type=dot,eltwise"])
+    assert args.variants == {"jax:eigen": "--xla_cpu_experimental_ynn_fusion_type=",
+                             "jax:ynn": "--xla_cpu_experimental_ynn_fusion_type=dot,eltwise"}
+    assert step.parse_args([]).variants == {}
+    for bad in ("noflags", "x=notaflag", "=--xla_a=1", "a=--xla_a=1;a=--xla_b=2"):
+        with pytest.raises(SystemExit):
+            step.parse_args(["--xla_variants", bad])
 
 
 def test_sampler_benchmark_agrees_with_generate_and_writes_results(tmp_path):
