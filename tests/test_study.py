@@ -473,6 +473,33 @@ def test_distill_report_from_eval_reports(tmp_path):
   assert a["offline_by_step"][1]["desktop"] == steps[0]["offline"]["by_platform"]["desktop"]["step_success"]
 
 
+def test_teacher_fraction_pairs_the_same_held_out_steps(tmp_path):
+  from guilibra_jax.eval.study_report import teacher_fraction
+
+  def write(name, passed, platform="mobile", extra=()):
+    d = tmp_path / name
+    d.mkdir()
+    steps = [{"trajectory_id": f"{platform}-{i // 3}", "step": i % 3, "platform": platform, "step_success": bool(v)}
+             for i, v in enumerate(passed)]
+    steps += [{"trajectory_id": "desktop-0", "step": 0, "platform": "desktop", "step_success": True}, *extra]
+    (d / "offline_checkpoint.json").write_text(json.dumps({"steps": steps}))
+    return str(d)
+
+  teacher = write("t", [1, 1, 1, 1, 0, 0, 1, 1, 0, 1])   # 7 of 10
+  student = write("s", [1, 0, 1, 1, 0, 1, 1, 0, 0, 1])   # 6 of 10
+  r = teacher_fraction(student, teacher, "mobile")
+  assert r["steps"] == 10 and r["student"] == 0.6 and r["teacher"] == 0.7
+  assert r["fraction"] == pytest.approx(6 / 7) and r["ci95"][0] < 6 / 7 < r["ci95"][1]
+  other = write("o", [1] * 9, extra=())
+  with pytest.raises(ValueError, match="different mobile steps"):
+    teacher_fraction(other, teacher, "mobile")
+  old = tmp_path / "old"
+  old.mkdir()
+  (old / "offline_checkpoint.json").write_text(json.dumps({"overall": {}}))
+  with pytest.raises(ValueError, match="lists no steps"):
+    teacher_fraction(str(old), teacher, "mobile")
+
+
 def test_a_study_refuses_another_studys_workdir(tmp_path):
   from guilibra_jax.errors import UserError
   from guilibra_jax.eval.study_workdir import claim_workdir

@@ -67,6 +67,27 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], n_boot: int = 10_00
     return float(d.mean()), float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
 
 
+def paired_ratio_bootstrap(a: Sequence[float], b: Sequence[float], n_boot: int = 10_000, seed: int = 0,
+                           level: float = 0.95) -> tuple[float, float, float]:
+    """mean(a) / mean(b) over paired outcomes (one held-out step scored for both models: a
+    student and its teacher) and its percentile bootstrap interval (pairs resampled together;
+    draws whose mean(b) is 0 are dropped)."""
+    if len(a) != len(b):
+        raise ValueError(f"paired_ratio_bootstrap: {len(a)} outcomes against {len(b)}")
+    x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if not len(x) or not y.mean():
+        raise ValueError("paired_ratio_bootstrap: no paired outcomes, or mean(b) = 0")
+    rng = np.random.default_rng(seed)
+    parts = []
+    for i in range(0, n_boot, 1000):
+        idx = rng.integers(0, len(x), size=(min(1000, n_boot - i), len(x)))
+        num, den = x[idx].mean(axis=1), y[idx].mean(axis=1)
+        parts.append(num[den > 0] / den[den > 0])
+    ratios = np.concatenate(parts)
+    tail = (1 - level) / 2
+    return float(x.mean() / y.mean()), float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))
+
+
 def spearman_difference(pos: Sequence[tuple[np.ndarray, np.ndarray]], neg: Sequence[tuple[np.ndarray, np.ndarray]],
                         n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
     """How much better offline scores rank online ones in the ``pos`` runs than in the

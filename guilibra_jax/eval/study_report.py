@@ -26,7 +26,7 @@ from typing import Any
 
 from guilibra_jax.eval import figures as F
 from guilibra_jax.eval.report import plot_points
-from guilibra_jax.eval.stats import paired_bootstrap, spearman, wilson
+from guilibra_jax.eval.stats import paired_bootstrap, paired_ratio_bootstrap, spearman, wilson
 from guilibra_jax.train.curves import read_metrics, series
 
 RESULTS, REPORT = "results.json", "report.md"
@@ -365,6 +365,25 @@ def distill_arm(root: str, study, arm: str, window: int = 100) -> dict:
         out["offline_by_step"] = [{"step": st, **acc, **{f"{p}_fraction_of_teacher": _ratio(acc[p], teacher[p])
                                                           for p in P}} for st, acc in by_step]
     return out
+
+
+def teacher_fraction(student_dir: str, teacher_dir: str, platform: str) -> dict:
+    """A student's held-out offline step accuracy on ``platform`` as a fraction of its
+    teacher's, with a paired bootstrap interval over the steps: two launch.eval workdirs
+    that scored the same held-out steps (their offline_checkpoint.json list each step)."""
+    def outcomes(d):
+        with open(os.path.join(d, "offline_checkpoint.json")) as f:
+            steps = json.load(f).get("steps")
+        if steps is None:
+            raise ValueError(f"{d}/offline_checkpoint.json lists no steps (an eval from before they were listed)")
+        return {(r["trajectory_id"], r["step"]): float(r["step_success"]) for r in steps if r["platform"] == platform}
+    s, t = outcomes(student_dir), outcomes(teacher_dir)
+    if s.keys() != t.keys():
+        raise ValueError(f"{student_dir} and {teacher_dir} scored different {platform} steps")
+    keys = sorted(s)
+    ratio, lo, hi = paired_ratio_bootstrap([s[k] for k in keys], [t[k] for k in keys])
+    return {"steps": len(keys), "student": sum(s.values()) / len(keys), "teacher": sum(t.values()) / len(keys),
+            "fraction": ratio, "ci95": [lo, hi]}
 
 
 def distill_report(root: str, study) -> dict:

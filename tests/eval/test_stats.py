@@ -61,6 +61,32 @@ def test_paired_bootstrap_against_normal_theory_and_scipy():
     paired_bootstrap([1, 0, 1], [1, 0])
 
 
+def test_paired_ratio_bootstrap_against_the_delta_method_and_scipy():
+  """A student scored on the same 800 held-out steps as its teacher (it passes 85% of the
+  steps the teacher passes, and 5% of the others): the ratio of means with an interval that
+  matches the delta method's normal approximation and scipy's paired percentile bootstrap."""
+  from guilibra_jax.eval.stats import paired_ratio_bootstrap
+
+  rng = np.random.default_rng(2)
+  n = 800
+  t = (rng.random(n) < 0.7).astype(float)
+  s = np.where(t > 0, rng.random(n) < 0.85, rng.random(n) < 0.05).astype(float)
+  r, lo, hi = paired_ratio_bootstrap(list(s), list(t), n_boot=20_000)
+  assert r == pytest.approx(s.mean() / t.mean())
+  # delta method: var(mean_s / mean_t) ~ var(s - r t) / (n mean_t^2)
+  half = 1.959963984540054 * np.std(s - r * t) / (math.sqrt(n) * t.mean())
+  np.testing.assert_allclose((lo, hi), (r - half, r + half), atol=0.006)
+  stats = pytest.importorskip("scipy.stats")
+  ci = stats.bootstrap((s, t), lambda x, y: np.mean(x) / np.mean(y), paired=True, vectorized=False,
+                       n_resamples=5_000, method="percentile", random_state=0).confidence_interval
+  np.testing.assert_allclose((lo, hi), (ci.low, ci.high), atol=0.006)
+  assert paired_ratio_bootstrap([1, 0, 1], [1, 0, 1]) == (1.0, 1.0, 1.0)
+  with pytest.raises(ValueError, match="3 outcomes against 2"):
+    paired_ratio_bootstrap([1, 0, 1], [1, 0])
+  with pytest.raises(ValueError, match="mean"):
+    paired_ratio_bootstrap([1, 0], [0, 0])
+
+
 def test_spearman_difference_point_estimate_is_scipys_and_identical_runs_give_zero():
     """The point estimate is scipy's Spearman on each run's checkpoint rates; runs scored
     alike in both groups differ by exactly 0 in every bootstrap draw; a run whose offline
