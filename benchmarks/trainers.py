@@ -215,8 +215,9 @@ def trl_rows(batches: list[dict], model_dir: str) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- our side
-def ours_side(conn, args, workdir: str, model_dir: str, batches: list[dict]) -> None:
-    """Our process: setup, the objective check on batch 0, then one GRPO step per "step"."""
+def ours_side(conn, args, workdir: str, model_dir: str, batches: list[dict], check=None) -> None:
+    """Our process: setup, the objective check on batch 0, then one GRPO step per "step".
+    ``check``: the objective check ``(s, state, batch, seed) -> dict`` (default: the pair's)."""
     from guilibra_jax.train import distributed
 
     distributed.apply_gpu_xla_flags()
@@ -233,7 +234,8 @@ def ours_side(conn, args, workdir: str, model_dir: str, batches: list[dict]) -> 
     s, state, _ = RS.setup(config, MH.run_mesh(config), data_source.prepare_tokenizer(config, workdir))
     conn.send({"setup_s": time.perf_counter() - t0})
     conn.recv()
-    check = ours_distill_objective if getattr(args, "pair", "grpo") == "distill" else ours_objective
+    if check is None:
+        check = ours_distill_objective if getattr(args, "pair", "grpo") == "distill" else ours_objective
     conn.send(check(s, state, batches[0], args.seed))
     for r, batch in enumerate(batches):
         conn.recv()
@@ -263,14 +265,15 @@ def ours_step(s, state, batch, key):
                    "loss": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"])}
 
 
-def ours_objective(s, state, batch, seed: int) -> dict:
-    """Our loss, KL and gradient norm on a rollout of ``batch`` with perturbed old / reference
-    log-probs and random advantages (an update on a copy of the state), and those inputs."""
+def ours_objective(s, state, batch, seed: int, key: int = 7) -> dict:
+    """Our loss, KL and gradient norm on a rollout of ``batch`` (sampling key ``key``) with
+    perturbed old / reference log-probs and random advantages (an update on a copy of the
+    state), and those inputs (pixel_values / image_grid_thw only when the prompts have images)."""
     import jax
 
     from guilibra_jax.train.rl import phases as PH
 
-    ro = PH.rollout(s, state["params"], batch, jax.random.PRNGKey(7))
+    ro = PH.rollout(s, state["params"], batch, jax.random.PRNGKey(key))
     scores = PH.score(s, state["params"], ro)
     if not scores.shared:
         raise SystemExit("the objective check reads the shared-prompt layout (rl.share_prefill=True)")
@@ -283,13 +286,15 @@ def ours_objective(s, state, batch, seed: int) -> dict:
     copy = jax.tree.map(lambda x: x.copy(), state)
     _, metrics, _ = PH.update(s, copy, ro, adv, dataclasses.replace(scores, old_logp=old, ref_logp=ref))
     n = on.shape[1]
-    return {"prompt_ids": [ro.prompt_ids[r][ro.prompt_mask[r] > 0].tolist() for r in range(ro.rows)],
-            "completion_ids": np.asarray(ro.tokens[:, :n]), "completion_mask": on.astype(np.int64),
-            "policy_logp": np.where(on, scores.old_logp, 0).astype(np.float32), "old_logp": old, "ref_logp": ref,
-            "advantages": adv["advantages"],
-            "pixel_values": np.concatenate(ro.pixels), "image_grid_thw": np.stack(ro.grids),
-            "image_token_id": s.model_config.image_token_id, "pad_id": s.pad_id, "epsilon": s.rl.clip_high,
-            "loss": float(metrics["loss"]), "kl": float(metrics["kl"]), "grad_norm": float(metrics["grad_norm"])}
+    out = {"prompt_ids": [ro.prompt_ids[r][ro.prompt_mask[r] > 0].tolist() for r in range(ro.rows)],
+           "completion_ids": np.asarray(ro.tokens[:, :n]), "completion_mask": on.astype(np.int64),
+           "policy_logp": np.where(on, scores.old_logp, 0).astype(np.float32), "old_logp": old, "ref_logp": ref,
+           "advantages": adv["advantages"],
+           "image_token_id": s.model_config.image_token_id, "pad_id": s.pad_id, "epsilon": s.rl.clip_high,
+           "loss": float(metrics["loss"]), "kl": float(metrics["kl"]), "grad_norm": float(metrics["grad_norm"])}
+    if any(p is not None for p in ro.pixels):
+        out.update(pixel_values=np.concatenate(ro.pixels), image_grid_thw=np.stack(ro.grids))
+    return out
 
 
 def ours_distill_objective(s, state, batch, seed: int) -> dict:
@@ -567,8 +572,10 @@ def rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-12)
 
 
-def objective_report(ours: dict, trl: dict) -> dict:
-    out = {"ours": {k: ours[k] for k in ("loss", "kl", "grad_norm")}, "trl": trl,
+def objective_report(ours: dict, trl: dict, peer: str = "trl") -> dict:
+    """Both sides' loss, KL and gradient norm on the check's inputs, their relative differences
+    and ``ok`` (within LOSS_RTOL / GRAD_RTOL); the peer's figures under ``peer``."""
+    out = {"ours": {k: ours[k] for k in ("loss", "kl", "grad_norm")}, peer: trl,
            "rows": len(ours["prompt_ids"]), "response_tokens": int(ours["completion_mask"].sum()),
            "loss_rtol": LOSS_RTOL, "grad_rtol": GRAD_RTOL}
     if "old_logp" in ours:     # (the GRPO pair's perturbed inputs; the distill pair reads none)
