@@ -688,20 +688,25 @@ def distill_row(args, params: int, res: dict) -> dict:
             "trl_versions": {k: metadata.version(k) for k in ("trl", "accelerate", "datasets")}, **res}
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pair", default="grpo", choices=PAIRS,
-                    help="grpo: our GRPO step vs GRPOTrainer | distill: our MOPD step (one teacher, full_kl, no task "
-                         "reward) vs DistillationTrainer (beta 1: reverse KL)")
+def add_step_args(ap, group_help: str = "G responses per prompt") -> None:
+    """The step's shape and optimisation flags, shared with benchmarks/trainers_tunix.py."""
     ap.add_argument("--size", default="tiny", choices=SIZES, help="model.tiny.* preset (benchmarks/rl_step.py)")
     ap.add_argument("--prompts", type=int, default=2, help="prompts per step")
-    ap.add_argument("--group", type=int, default=4, help="G responses per prompt")
+    ap.add_argument("--group", type=int, default=4, help=group_help)
     ap.add_argument("--max_new_tokens", type=int, default=32, help="response length limit")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per side (after one untimed warm-up step)")
     ap.add_argument("--beta", type=float, default=0.1, help="KL coefficient (grpo_demo's rl.kl_beta)")
     ap.add_argument("--epsilon", type=float, default=0.2, help="PPO clip, both ways")
     ap.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate, constant")
     ap.add_argument("--seed", type=int, default=0, help="the model's init and the objective check's noise")
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pair", default="grpo", choices=PAIRS,
+                    help="grpo: our GRPO step vs GRPOTrainer | distill: our MOPD step (one teacher, full_kl, no task "
+                         "reward) vs DistillationTrainer (beta 1: reverse KL)")
+    add_step_args(ap)
     from benchmarks import _common as C      # (imports JAX: not at module level, which TRL's process imports)
 
     C.add_result_args(ap)

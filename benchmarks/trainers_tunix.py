@@ -643,15 +643,7 @@ def devices_not_matched() -> list[str]:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", default="tiny", choices=T.SIZES, help="model.tiny.* preset (benchmarks/rl_step.py)")
-    ap.add_argument("--prompts", type=int, default=2, help="prompts per step")
-    ap.add_argument("--group", type=int, default=4, help="G responses per prompt (tunix: num_generations, >= 2)")
-    ap.add_argument("--max_new_tokens", type=int, default=32, help="response length limit")
-    ap.add_argument("--steps", type=int, default=3, help="timed steps per side (after one untimed warm-up step)")
-    ap.add_argument("--beta", type=float, default=0.1, help="KL coefficient (grpo_demo's rl.kl_beta)")
-    ap.add_argument("--epsilon", type=float, default=0.2, help="PPO clip, both ways")
-    ap.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate, constant")
-    ap.add_argument("--seed", type=int, default=0, help="the model's init and the objective check's noise")
+    T.add_step_args(ap, group_help="G responses per prompt (tunix: num_generations, >= 2)")
     ap.add_argument("--tunix_venv", default=os.environ.get("GUILIBRA_TUNIX_VENV", DEFAULT_VENV),
                     help="tunix's virtual environment (created on first use; env GUILIBRA_TUNIX_VENV)")
     ap.add_argument("--no_create_venv", action="store_true", help="exit (status 2) instead of creating the venv")
