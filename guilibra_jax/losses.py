@@ -305,6 +305,15 @@ def report_sums(ratio, clipped, on, kl, kl_rows) -> dict[str, Array]:
             "sequences": jnp.sum(has.astype(jnp.float32)), "kl_on": jnp.sum((has & rows_on).astype(jnp.float32))}
 
 
+def kl_by_group(kl, on, kl_rows, group, n: int) -> dict[str, Array]:
+    """:func:`report_sums`' ``kl`` / ``kl_tokens`` split by row group: ``group`` [B] ints in
+    [0, n) (MOPD: each row's teacher), as [n] sums ``kl_by_group`` / ``kl_tokens_by_group``
+    (summed over micro-batches, their ratio is each group's mean per-token KL)."""
+    m = on.astype(jnp.float32) * (_float(kl_rows) > 0)[:, None]
+    rows = jax.nn.one_hot(group, n, dtype=jnp.float32)          # [B, n]
+    return {"kl_by_group": jnp.sum(jax.lax.stop_gradient(kl) * m, -1) @ rows, "kl_tokens_by_group": jnp.sum(m, -1) @ rows}
+
+
 def _grpo_parts(logp, old_logp, ref_logp, advantages, mask, clip_low, clip_high, kl_kind,
                 kl_clamp, dual_clip=None):
     pg, ratio, clipped, on = _clipped_pg(logp, old_logp, advantages, mask, clip_low, clip_high, dual_clip)
@@ -398,16 +407,20 @@ def _mopd_parts(logp, old_logp, teacher_logp, advantages, mask, kl_mask, clip_lo
 
 def mopd_loss_terms(logp, old_logp, teacher_logp, advantages, mask, kl_mask, *, beta=0.01,
                     clip_low=0.2, clip_high=0.28, kl_clamp=10.0, aggregation="token_mean",
-                    dual_clip=None, estimator="k3", token_kl=None) -> tuple[Array, Array, dict]:
+                    dual_clip=None, estimator="k3", token_kl=None, groups=None) -> tuple[Array, Array, dict]:
     """(numerator, denominator, `report_sums`) of `mopd_loss`; sum each over micro-batches,
     then divide. The reported KL is the per-token K3 (k3, logratio_advantage: an unbiased
     estimate of the reverse KL's value) or the exact KL (full_kl) over the tokens of
-    sequences whose kl_mask > 0."""
+    sequences whose kl_mask > 0; ``groups`` = (teacher index [B], number of teachers) adds
+    it per teacher (:func:`kl_by_group`)."""
     pg, kl, report_kl, ratio, clipped, on, _ = _mopd_parts(
         logp, old_logp, teacher_logp, advantages, mask, kl_mask, clip_low, clip_high, kl_clamp, dual_clip,
         estimator, beta, token_kl)
     num, den = aggregate_terms(pg + beta * kl, mask, aggregation)
-    return num, den, report_sums(ratio, clipped, on, report_kl, kl_mask)
+    sums = report_sums(ratio, clipped, on, report_kl, kl_mask)
+    if groups is not None:
+        sums.update(kl_by_group(report_kl, on, kl_mask, *groups))
+    return num, den, sums
 
 
 def mopd_loss(logp, old_logp, teacher_logp, advantages, mask, kl_mask, *, beta=0.01,

@@ -565,3 +565,25 @@ def test_losses_jit_with_static_options_and_match_eager():
                                L.grpo_loss(logp, logp, teacher, adv, mask, kl_kind="k2")[0], rtol=1e-6)
     np.testing.assert_allclose(mopd(logp, logp, teacher, adv, mask, kl_mask)[0],
                                L.mopd_loss(logp, logp, teacher, adv, mask, kl_mask)[0], rtol=1e-6)
+
+
+def test_mopd_kl_per_teacher_equals_each_teachers_rows_alone():
+    """The per-teacher KL sums of mopd_loss_terms (groups = each row's teacher) equal the
+    reported KL sums of that teacher's rows run alone, and add up to the whole batch's."""
+    rng = np.random.default_rng(3)
+    B, T = 6, 5
+    logp = jnp.asarray(rng.normal(-1.5, 0.5, (B, T)), jnp.float32)
+    old = logp + jnp.asarray(rng.normal(0, 0.05, (B, T)), jnp.float32)
+    teacher = jnp.asarray(rng.normal(-1.5, 0.7, (B, T)), jnp.float32)
+    adv = jnp.asarray(rng.normal(size=B), jnp.float32)
+    mask = jnp.asarray(rng.random((B, T)) < 0.8, jnp.float32)
+    kl_mask = jnp.asarray([1, 1, 0, 1, 1, 1], jnp.float32)
+    group = jnp.asarray([0, 1, 1, 0, 2, 1], jnp.int32)
+    _, _, sums = L.mopd_loss_terms(logp, old, teacher, adv, mask, kl_mask, groups=(group, 3))
+    for g in range(3):
+        rows = np.nonzero(np.asarray(group) == g)[0]
+        _, _, alone = L.mopd_loss_terms(logp[rows], old[rows], teacher[rows], adv[rows], mask[rows], kl_mask[rows])
+        np.testing.assert_allclose(sums["kl_by_group"][g], alone["kl"], rtol=1e-6)
+        np.testing.assert_allclose(sums["kl_tokens_by_group"][g], alone["kl_tokens"])
+    np.testing.assert_allclose(sums["kl_by_group"].sum(), sums["kl"], rtol=1e-6)
+    np.testing.assert_allclose(sums["kl_tokens_by_group"].sum(), sums["kl_tokens"])

@@ -85,6 +85,11 @@ def test_mopd_routes_rollouts_to_two_teachers(tmp_path):
     for row in got.values():
         assert {"desktop/reward_mean", "mobile/reward_mean", "kl_mask_on_fraction", "kl"} <= set(row)
         assert -1.0 <= row["reward_mean"] <= 1.0
+        # each teacher's KL on its own rows; their token-weighted mean is the step's KL
+        per = {p: (row[f"{p}/kl"], row[f"{p}/kl_tokens"]) for p in ("desktop", "mobile") if f"{p}/kl" in row}
+        assert per and not any(k.startswith("kl_teacher_") or k.startswith("kl_tokens_teacher_") for k in row)
+        total = sum(n for _, n in per.values())
+        assert sum(kl * n for kl, n in per.values()) / total == pytest.approx(row["kl"], rel=1e-5)
     plan = json.load(open(os.path.join(student, "memory_plan.json")))   # compiled on this run's devices
     gib = plan["per_device_gib"]
     assert gib["frozen_desktop"] > 0 and gib["frozen_mobile"] > 0 and gib["policy_params"] > 0

@@ -41,8 +41,7 @@ from guilibra_jax.train.rl import frozen as FZ
 from guilibra_jax.train.rl import rollout as RO
 from guilibra_jax.train.rl.layout import (agreed_copies, device_inputs, local_chunk, model_batch, row_chunks,
                                           update_calls)
-from guilibra_jax.train.rl.setup import (Stage2, reuse_sampler_log_probs, shares_prompts, update_groups,
-                                         uses_full_kl)
+from guilibra_jax.train.rl.setup import Stage2, reuse_sampler_log_probs, shares_prompts, update_groups
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +242,7 @@ def update(s: Stage2, state: dict, ro: RO.Rollout, adv: dict, scores: Scores) ->
     kl_mask = adv["kl_mask"] if scores.kl_ok is None else adv["kl_mask"] * scores.kl_ok   # served failures: off
     host = dict(scores.seq, old_logp=scores.old_logp, ref_logp=scores.ref_logp, advantages=adv["advantages"],
                 kl_mask=kl_mask)
-    if uses_full_kl(s.config):   # the update runs each row's teacher itself (rl.mopd.estimator)
+    if s.method == "mopd":   # full_kl: the update runs each row's teacher; all: the KL per teacher
         host["teacher_index"] = FZ.teacher_index(ro.platform, FZ.teacher_order(s.frozen))
     token_counts = scores.seq["response_mask"].sum(1)
     metrics, applied = {}, []
@@ -282,6 +281,20 @@ def _update_rows(s: Stage2, host: dict, ro: RO.Rollout, idx: np.ndarray, scores:
 
 
 # ----------------------------------------------------------------------------- metrics
+def teacher_kl_metrics(s: Stage2, metrics: dict) -> dict[str, float]:
+    """The update's per-teacher KL sums (MOPD with several teachers) as ``<platform>/kl``:
+    each teacher's mean per-token KL over its rows' tokens with the KL on, and
+    ``<platform>/kl_tokens`` their count (both absent for a teacher with no such token in
+    the step; the token-weighted mean over teachers is ``kl``). The raw sums are removed
+    from ``metrics``."""
+    out = {}
+    for i, label in enumerate(FZ.teacher_order(s.frozen) if s.method == "mopd" else ()):
+        kl, n = metrics.pop(f"kl_teacher_{i}", None), metrics.pop(f"kl_tokens_teacher_{i}", None)
+        if kl is not None and n:
+            out[f"{label}/kl"], out[f"{label}/kl_tokens"] = float(kl) / float(n), float(n)
+    return out
+
+
 def served_metrics(s: Stage2, scores: Scores, watches: dict) -> dict[str, float]:
     """Each served scorer's rows of the step over all processes (a collective):
     ``served/<name>/rows`` sent, ``ok`` scored, ``dropped_rows`` (no KL term), of which

@@ -15,7 +15,7 @@ from guilibra_jax.train import plan as P
 from guilibra_jax.train.rl import frozen as FZ
 from guilibra_jax.train.rl import layout as L
 from guilibra_jax.train.rl import rollout as RO
-from guilibra_jax.train.rl.setup import reuse_sampler_log_probs, shares_prompts, update_groups, uses_full_kl
+from guilibra_jax.train.rl.setup import reuse_sampler_log_probs, shares_prompts, update_groups
 
 
 def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: int | None = None) -> dict:
@@ -127,7 +127,7 @@ def _update_host(config, mc, rows: int, copies: int, Tp: int, N: int, M: int, pr
     f32 = lambda *shape: np.zeros((M,) + shape, np.float32)
     i32 = lambda *shape: np.zeros((M,) + shape, np.int32)
     per_row = {"advantages": f32(rows), "kl_mask": f32(rows)}
-    if uses_full_kl(config):
+    if config.method == "mopd":
         per_row["teacher_index"] = i32(rows)
     if copies:
         p = rows // copies

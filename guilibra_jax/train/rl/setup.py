@@ -114,7 +114,8 @@ def rl_step(config, graphdef, model_config, tx, banned: tuple, frozen: dict, sch
     rl = config.rl
     step_fn = make_rl_step(graphdef, tx, loss=config.method, loss_kwargs=loss_kwargs(config),
                            temperature=rl.temperature, chunk_size=rl.score_chunk or None, banned_token_ids=banned,
-                           schedule=schedule, teacher_graphdefs=tuple(f.graphdef for f in teachers), lora=lora)
+                           schedule=schedule, teacher_graphdefs=tuple(f.graphdef for f in teachers), lora=lora,
+                           n_teachers=len(FZ.teacher_order(frozen)) if config.method == "mopd" else 0)
     return step_fn, tuple(f.params for f in teachers)
 
 

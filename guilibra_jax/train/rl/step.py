@@ -11,8 +11,8 @@ micro-batch axis [M, ...], in one of two layouts: whole sequences
     advantages [B]         per sequence (after SNGS / the pass-rate floor)
     kl_mask [B]            KL weight per sequence (MOPD: μ_g, or advantages.kl_weights'; GRPO: 1;
                            both: 0 where a served scorer failed)
-    teacher_index [B]      MOPD full_kl only: the row's teacher (frozen.teacher_index), with
-                           the teachers' parameters as ``teacher_params`` (no micro axis)
+    teacher_index [B]      MOPD: the row's teacher (frozen.teacher_index); full_kl also
+                           carries the teachers' parameters as ``teacher_params`` (no micro axis)
 
 or the shared-prompt layout (``rollout.shared_batch``: each prompt once for its rows, the
 model inputs and the [B, T] arrays above as response columns [B, N'], scored by
@@ -88,7 +88,7 @@ def full_kl_terms(student, h, teachers, teacher_h, teacher_index, targets, valid
 def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, loss: str = "grpo",
                  loss_kwargs: dict | None = None, temperature: float = 1.0, chunk_size: int | None = None,
                  banned_token_ids: tuple[int, ...] = (), schedule: Callable[[Any], Any] | None = None,
-                 teacher_graphdefs: tuple = (), lora: L.LoraSpec | None = None
+                 teacher_graphdefs: tuple = (), lora: L.LoraSpec | None = None, n_teachers: int = 0
                  ) -> Callable[[dict, dict], tuple[dict, dict]]:
     """Build the (unjitted) policy-update step. ``loss``: "grpo" (kwargs of
     :func:`losses.grpo_loss_terms`: clip_low, clip_high, kl_beta, kl_kind, kl_clamp,
@@ -112,7 +112,11 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, lo
     by the loss.
 
     ``lora``: the state's params are LoRA adapters and every batch carries ``lora_base``
-    (the frozen base weights, no micro-batch axis); the policy is ``lora.merge(base, adapters)``."""
+    (the frozen base weights, no micro-batch axis); the policy is ``lora.merge(base, adapters)``.
+
+    MOPD with ``n_teachers`` > 1 (every estimator; batches carry ``teacher_index``): the
+    reported KL also per teacher, as metrics ``kl_teacher_<i>`` / ``kl_tokens_teacher_<i>``
+    (sums; :func:`phases.teacher_kl_metrics` turns them into ``<platform>/kl``)."""
     if loss not in LOSSES:
         raise ValueError(f"unknown RL loss {loss!r}; expected one of {LOSSES}")
     kw = dict(loss_kwargs or {})
@@ -151,12 +155,15 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, lo
             num, den, sums = losses.grpo_loss_terms(logp, micro["old_logp"], micro["ref_logp"], micro["advantages"],
                                                     mask, kl_rows=micro.get("kl_mask"), **kw)
         else:
+            groups = (micro["teacher_index"], n_teachers) if n_teachers > 1 else None
             num, den, sums = losses.mopd_loss_terms(logp, micro["old_logp"], micro["ref_logp"], micro["advantages"],
-                                                    mask, micro["kl_mask"], token_kl=token_kl, **kw)
+                                                    mask, micro["kl_mask"], token_kl=token_kl, groups=groups, **kw)
         sums["entropy"] = jnp.sum(jax.lax.stop_gradient(entropy) * mask)
         return num, (den, sums)
 
     sums0 = {k: jnp.zeros((), jnp.float32) for k in SUMS}
+    if loss == "mopd" and n_teachers > 1:
+        sums0.update({k: jnp.zeros((n_teachers,), jnp.float32) for k in ("kl_by_group", "kl_tokens_by_group")})
 
     def step(state: dict, batch: dict) -> tuple[dict, dict]:
         batch = dict(batch)
@@ -177,6 +184,9 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, lo
         metrics.update({"clip_fraction": s["clipped"] / n, "kl": s["kl"] / jnp.maximum(s["kl_tokens"], 1.0),
                         "entropy": s["entropy"] / n, "ratio_mean": s["ratio"] / n, "update_tokens": s["tokens"],
                         "kl_mask_fraction": s["kl_on"] / jnp.maximum(s["sequences"], 1.0)})
+        for i in range(n_teachers if "kl_by_group" in s else 0):   # (phases.teacher_kl_metrics names them)
+            metrics[f"kl_teacher_{i}"] = s["kl_by_group"][i]
+            metrics[f"kl_tokens_teacher_{i}"] = s["kl_tokens_by_group"][i]
         return new_state, metrics
 
     return step

@@ -106,6 +106,7 @@ class RLTrainer:
         state, metrics, applied = PH.update(s, state, c.ro, adv, scores)
         t3 = time.time()
         row = PH.rollout_metrics(c, adv, self.config.method, rl.max_new_tokens, rl.group_filter.enabled)  # collective
+        row.update(PH.teacher_kl_metrics(s, metrics))   # (pops the update's per-teacher sums)
         row.update({k: float(v) for k, v in metrics.items()})
         row.update(PH.served_metrics(s, scores, self.served_watch))   # collective
         row.update(sample_s=t1 - t0, score_s=t2 - t1, update_s=t3 - t2, step_s=t3 - t0)
