@@ -619,6 +619,16 @@ def recv(conn, proc):
     return conn.recv()
 
 
+def interleaved_steps(ask, names: list[str], timed: int) -> dict[str, list[dict]]:
+    """One untimed and ``timed`` timed steps per side, round by round, the order reversed
+    every other round: {side: [its step results]} (``ask(side, "step")``)."""
+    steps = {name: [] for name in names}
+    for r in range(timed + 1):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            steps[name].append(ask(name, "step"))
+    return steps
+
+
 def run_sides(args, workdir: str, model_dir: str) -> dict:
     """Both sides in their own processes, stepped round by round (which goes first alternates)."""
     batches = draw_batches(args, workdir, model_dir, args.steps + 1)
@@ -636,10 +646,7 @@ def run_sides(args, workdir: str, model_dir: str) -> dict:
             setup[name] = recv(parent, procs[name])          # one side builds at a time
         ours_check = ask("guilibra_jax", "check")
         objective = objective_report(ours_check, ask("trl", ours_check))
-        steps = {name: [] for name in conns}
-        for r in range(args.steps + 1):
-            for name in (list(conns) if r % 2 == 0 else list(conns)[::-1]):
-                steps[name].append(ask(name, "step"))
+        steps = interleaved_steps(ask, list(conns), args.steps)
         rss = {name: ask(name, "stop")["peak_rss_bytes"] for name in conns}
     finally:
         for proc in procs.values():

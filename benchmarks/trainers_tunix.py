@@ -603,10 +603,7 @@ def run_sides(args, workdir: str, model_dir: str, text_dir: str, tunix_venv: str
         path = npz_inputs(ours_check, os.path.join(workdir, "objective.npz"), prompt_slots)
         objective = T.objective_report(ours_check, ask("tunix", path), peer="tunix")
         objective["rollout_key"] = ours_check["rollout_key"]
-        steps = {name: [] for name in conns}
-        for r in range(args.steps + 1):
-            for name in (list(conns) if r % 2 == 0 else list(conns)[::-1]):
-                steps[name].append(ask(name, "step"))
+        steps = T.interleaved_steps(ask, list(conns), args.steps)
         rss = {name: ask(name, "stop")["peak_rss_bytes"] for name in conns}
     except BaseException:
         if "tunix" in procs:
