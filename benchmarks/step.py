@@ -47,9 +47,10 @@ XLA flag sets (--xla_variants "name=FLAGS;name2=FLAGS2"): each becomes one more 
 in its own process started with XLA_FLAGS=FLAGS (appended to the environment's), interleaved with
 the others; the JSON gives each its ratio to the plain "jax" side (speedup "jax:name_vs_jax") and its
 parity with it. The measured peak stays the plain side's (a flag that changes the dot emitter
-changes its own matmul too). E.g. the CPU dot back ends:
+changes its own matmul too). E.g. the CPU dot back ends (docs/benchmarks.md: YNNPACK, the default,
+against Eigen and against YNN for every op; oneDNN's dot fusion dies with SIGILL on an AMD EPYC):
   python -m benchmarks.step --no-torch_compile --xla_variants \
-      "onednn=--xla_cpu_use_onednn=true;xnn=--xla_cpu_experimental_xnn_fusion_type=dot"
+      "eigen=--xla_cpu_experimental_ynn_fusion_type=;ynn_all=--xla_cpu_experimental_ynn_fusion_type=dot,eltwise,reduce"
 
 Writes benchmarks/results/step-<model>-<dtype>-<machine>.json (see --out_dir) and prints it.
 """
