@@ -50,6 +50,14 @@ def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     return pearson(ranks(xs), ranks(ys))
 
 
+def _resamples(n: int, n_boot: int, seed: int):
+    """``n_boot`` bootstrap index rows over ``n`` pairs, 1,000 at a time (the whole
+    [n_boot, n] index array is 96 MB at 10,000 x 1,200)."""
+    rng = np.random.default_rng(seed)
+    for i in range(0, n_boot, 1000):
+        yield rng.integers(0, n, size=(min(1000, n_boot - i), n))
+
+
 def paired_bootstrap(a: Sequence[float], b: Sequence[float], n_boot: int = 10_000, seed: int = 0,
                      level: float = 0.95) -> tuple[float, float, float]:
     """The mean of ``b - a`` over paired outcomes (one task seed played by both models) and
@@ -59,10 +67,7 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], n_boot: int = 10_00
     if not len(a):
         raise ValueError("paired_bootstrap: no paired outcomes")
     d = np.asarray(b, np.float64) - np.asarray(a, np.float64)
-    rng = np.random.default_rng(seed)
-    # 1,000 draws at a time: the whole [n_boot, n] index array is 96 MB at 10,000 x 1,200
-    means = np.concatenate([d[rng.integers(0, len(d), size=(min(1000, n_boot - i), len(d)))].mean(axis=1)
-                            for i in range(0, n_boot, 1000)])
+    means = np.concatenate([d[idx].mean(axis=1) for idx in _resamples(len(d), n_boot, seed)])
     tail = (1 - level) / 2
     return float(d.mean()), float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
 
@@ -77,10 +82,8 @@ def paired_ratio_bootstrap(a: Sequence[float], b: Sequence[float], n_boot: int =
     x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
     if not len(x) or not y.mean():
         raise ValueError("paired_ratio_bootstrap: no paired outcomes, or mean(b) = 0")
-    rng = np.random.default_rng(seed)
     parts = []
-    for i in range(0, n_boot, 1000):
-        idx = rng.integers(0, len(x), size=(min(1000, n_boot - i), len(x)))
+    for idx in _resamples(len(x), n_boot, seed):
         num, den = x[idx].mean(axis=1), y[idx].mean(axis=1)
         parts.append(num[den > 0] / den[den > 0])
     ratios = np.concatenate(parts)
