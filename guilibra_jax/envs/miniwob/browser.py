@@ -139,7 +139,16 @@ class Browser:
         self.task = task
 
     def start_episode(self, seed: Any) -> None:
-        """Start a new problem of the loaded task from ``seed`` (deterministic per seed)."""
+        """Start a new problem of the loaded task from ``seed`` (deterministic per seed).
+
+        The pointer goes back to the viewport's origin first, where a fresh browser has it:
+        left where the last episode clicked, it hovers over the new page and changes what a
+        click renders (a button's edge one grey level off), so a replayed episode would not
+        reproduce the pages of the one it resumes."""
+        from selenium.webdriver.common.action_chains import ActionChains
+        chain = ActionChains(self.driver, duration=0)
+        chain.w3c_actions.pointer_action.move_to_location(0, 0)
+        chain.w3c_actions.perform()
         self.js("core.endEpisode(0);")        # back to the sync screen (no-op if already there)
         self.js(f"Math.seedrandom({str(seed)!r}); core.setDataMode('train');"
                 f"core.EPISODE_MAX_TIME = {self.time_limit_ms}; core.startEpisodeReal();")
