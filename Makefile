@@ -52,10 +52,10 @@ demo-mopd: $(VENV)/.installed
 # MiniWoB++ in headless Chromium (needs `apt-get install chromium chromium-driver`): expert
 # demos, ASFT of the tiny model, then online success of expert / random clicks / the model.
 demo-miniwob: $(VENV)/.installed-miniwob
-	$(PY) -m launch.record_demos --world=miniwob --out=runs/miniwob_demos --episodes=30
+	$(PY) -m launch.record_demos --world=miniwob --out=runs/miniwob_demos --episodes=100 --scale=2
 	$(PY) -m launch.train --config=configs/miniwob.py --workdir=runs/miniwob_sft
 	$(PY) -m launch.eval --config=configs/eval_demo.py --workdir=runs/miniwob_eval --config.world=miniwob \
-	    --config.online.episodes=10 --config.agents='("expert","random_click","checkpoint")' \
+	    --config.miniwob.scale=2 --config.online.episodes=20 --config.agents='("expert","random_click","checkpoint")' \
 	    --config.agent_kwargs.checkpoint.workdir=runs/miniwob_sft
 
 # Two pytest workers (TEST_WORKERS=0: one process): most of a test's time is XLA compiling on one
