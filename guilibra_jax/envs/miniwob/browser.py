@@ -145,8 +145,8 @@ class Browser:
         left where the last episode clicked, it hovers over the new page and changes what a
         click renders (a button's edge one grey level off), so a replayed episode would not
         reproduce the pages of the one it resumes."""
-        from selenium.webdriver.common.action_chains import ActionChains
-        chain = ActionChains(self.driver, duration=0)
+        from guilibra_jax.envs.miniwob.executor import _chain
+        chain = _chain(self)
         chain.w3c_actions.pointer_action.move_to_location(0, 0)
         chain.w3c_actions.perform()
         self.js("core.endEpisode(0);")        # back to the sync screen (no-op if already there)
