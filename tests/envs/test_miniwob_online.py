@@ -58,6 +58,35 @@ def test_online_world_without_chromium_names_rl_world_and_the_missing_piece(monk
         run_config.validate(c)
 
 
+
+def test_a_label_outside_the_screenshot_drops_that_slots_prompt_not_the_run():
+    """click-collapsible seed 0: the expert clicks a header whose centre lies below the
+    screenshot (y 1.008). That slot's prompt is a filtered record naming it; the other slot's
+    record is unchanged (a RecordError there ended an online GRPO run at step 3)."""
+    import io
+    from PIL import Image
+    from guilibra_jax.data import bad_records as B
+    from guilibra_jax.envs.miniwob.pool import SlotResult
+    from guilibra_jax.train.rl.online import SlotSource
+    buf = io.BytesIO()
+    Image.new("RGB", (320, 420)).save(buf, format="PNG")
+    obs = {"png": buf.getvalue(), "instruction": "Expand the section.", "history": (), "platform": "web",
+           "elements": (), "screen_size": (320, 420), "step": 0, "task_id": "click-collapsible-0"}
+
+    def slot(i, point):
+        label = {"action_type": "Click", "action_description": "Click the header", "value": None,
+                 "point": point, "bbox": None, "bbox2": None, "action_target": "the header", "tool_call": None}
+        return SlotResult(slot=i, task="click-collapsible", seed=i, step=0, done=False, success=False,
+                          raw_reward=None, error=None, obs=obs, label=label)
+
+    src = SlotSource([slot(0, [0.517139, 1.008333]), slot(1, [0.5, 0.5])])
+    dropped = src[0]
+    assert isinstance(dropped, B.Dropped) and not dropped.bad
+    assert dropped.reason == B.COORDS_OUTSIDE_IMAGE and "click-collapsible-0 step 0" in dropped.where
+    assert "outside the image" in dropped.message
+    assert src[1].target.point == (0.5, 0.5)
+
+
 # ----------------------------------------------------------------------------- the prompt source
 @pytest.fixture(scope="module")
 def pool():

@@ -41,6 +41,7 @@ import numpy as np
 
 from guilibra_jax import actions as A
 from guilibra_jax.data import bad_records as B
+from guilibra_jax.data import native as N
 from guilibra_jax.data import readers as R
 from guilibra_jax.train import data_source as DS
 
@@ -92,7 +93,9 @@ def policy_coords(config, family: str) -> tuple[str, tuple[int, int]]:
 
 class SlotSource(R.StepSource):
     """The live slots' states as records (``SlotResult.record()``); a slot the expert cannot
-    label is a filtered (not bad) record, ``no_label``."""
+    label is a filtered (not bad) record, ``no_label``; so is a label the record format refuses
+    (the expert clicks an element partly below the screenshot: its point lies outside the
+    image), under its bad-record reason: the slot starts a new episode, the run goes on."""
 
     def __init__(self, results: Sequence[Any]):
         self.results = list(results)
@@ -109,7 +112,10 @@ class SlotSource(R.StepSource):
         if r.label is None:
             return B.Dropped("no_label", self.where(i), "the episode is over or the expert has no action here",
                              bad=False)
-        return r.record(split="train")
+        try:
+            return r.record(split="train")
+        except N.RecordError as e:
+            return B.Dropped(B.classify_record_error(str(e)), self.where(i), f"the expert's label: {e}", bad=False)
 
 
 class OnlinePrompts:
