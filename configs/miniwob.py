@@ -13,8 +13,9 @@ Recipes (``:arg``):
   at ``--scale=2`` and read at ``max_pixels`` 33,600 (the 320 x 420 screenshots resized to
   140 x 196: 140 patches, 35 visual tokens), direct-action samples only (``data.mix``
   direct), the demo's short system turn, 2,400 steps of batch 8, lr 3e-3 cosine: 0.25
-  held-out macro success against random clicking's 0.16 on the same 700 episodes, 16 minutes
-  of training on a 2-core CPU under load (docs/study/miniwob/levers.json).
+  held-out macro success against random clicking's 0.16 on the same 700 episodes (a retrain from
+  re-recorded demos: 0.20), 16 minutes of training on a 2-core CPU under load
+  (docs/study/miniwob/levers.json).
 - ``qwen2_5_vl_3b`` / ``qwen3_vl_4b``: a real model (set ``model.hf_path``) on demos recorded
   at ``--scale=2`` (320 x 420), GUI-Libra's own system prompt, the release's ASFT settings
   (lr 1e-5, cosine, alpha_a 2, alpha_g 4), batch 32 x 300 steps. Sized for one node of
