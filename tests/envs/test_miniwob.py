@@ -154,6 +154,23 @@ def test_a_click_renders_alike_in_a_fresh_browser_and_after_other_episodes(brows
     assert clicked(browser) == first
 
 
+def test_a_focused_field_renders_alike_whenever_it_is_captured(browser):
+    """A text caret blinks on a timer (about 0.5 s on, 0.5 s off): two screenshots of one
+    focused field differed by the caret's two pixel columns, so a restored online-RL source
+    did not replay the pages it saved (CI caught it). The caret is held still, and drawn."""
+    import time
+    env, obs = _env(browser, "enter-text", seed=3)
+    before = obs.screenshot
+    obs, _, _ = env.step(A.Action("Click", "", None, _centre_px(_el(obs, "tt"))))
+    shots = []
+    for _ in range(8):                                   # 1.2 s: both phases of a blink
+        shots.append(list(browser.screenshot().getdata()))
+        time.sleep(0.15)
+    assert all(s == shots[0] for s in shots)
+    if browser.steady_caret_visible:                     # Chromium >= 139: the caret is still there
+        assert shots[0] != list(before.getdata())
+
+
 def test_experts_succeed_on_held_out_seeds(browser):
     from guilibra_jax.envs.export import heldout_task_seeds
     from guilibra_jax.envs.miniwob import TASKS, MiniWobEnv

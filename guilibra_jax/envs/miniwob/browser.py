@@ -45,6 +45,18 @@ OFFLINE_FLAGS = (
     "--hide-scrollbars", "--mute-audio", "--font-render-hinting=none",
 )
 
+# A text caret blinks on a timer, so two screenshots of one focused input differ by when they
+# were taken and a replayed episode would not reproduce its pages. The caret is held still
+# (visible) where Chromium knows ``caret-animation`` (M139+), else hidden.
+STEADY_CARET_JS = """
+var s = document.createElement('style');
+s.id = 'guilibra-steady-caret';
+s.textContent = CSS.supports('caret-animation', 'manual')
+    ? '* { caret-animation: manual !important; }' : '* { caret-color: transparent !important; }';
+document.head.appendChild(s);
+return CSS.supports('caret-animation', 'manual');
+"""
+
 
 class MiniWobUnavailable(RuntimeError):
     """The ``miniwob`` package, Chromium or chromedriver is missing."""
@@ -136,6 +148,7 @@ class Browser:
             time.sleep(0.02)
         else:
             raise RuntimeError(f"MiniWoB++ page {task!r} did not load")
+        self.steady_caret_visible = bool(self.js(STEADY_CARET_JS))
         self.task = task
 
     def start_episode(self, seed: Any) -> None:
