@@ -9,8 +9,10 @@ compiles for the recipe's ``hardware.topology`` with the TPU compiler (libtpu) i
 """
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -55,6 +57,7 @@ def main():
     tokenizer_dir = ""
     if args.tiny:   # one demo tokenizer (Qwen special tokens, small vocabulary) for every recipe
         work = tempfile.mkdtemp(prefix="plan-tok-")
+        atexit.register(shutil.rmtree, work, ignore_errors=True)
         demo = importlib.import_module("configs.demo").get_config("smoke")
         data_source.prepare_tokenizer(demo, work)
         tokenizer_dir = os.path.join(work, "tokenizer")

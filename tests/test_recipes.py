@@ -85,7 +85,15 @@ def _by_devices(tiny: bool):
     return sorted(groups.items())
 
 
-@pytest.mark.parametrize("devices,specs", _by_devices(tiny=True))
+def _tiny_groups():
+    """The single-device group (the demo recipes and QLoRA) is slow-marked: the default run
+    compiles those programs anyway, in launches of the demo recipes (test_launch,
+    test_rl_launch) and of QLoRA (test_lora_runs), and the planner on the 8- and 64-device
+    groups here."""
+    return [pytest.param(d, s, marks=pytest.mark.slow) if d == 1 else (d, s) for d, s in _by_devices(tiny=True)]
+
+
+@pytest.mark.parametrize("devices,specs", _tiny_groups())
 def test_every_recipe_plans_on_its_hardware_at_tiny_size(devices, specs):
     got = _plan(specs, devices, tiny=True)
     assert [g["recipe"] for g in got] == specs

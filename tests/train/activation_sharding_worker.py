@@ -19,4 +19,5 @@ c.data.max_length, c.data.seq_buckets = 1024, (1024,)
 c.data.batch_size, c.train.grad_accum = 8, 1
 c.model.remat = "full"
 c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, N, 1
-print(json.dumps(PLAN.plan_config(c, N, 1, 80.0, workdir=tempfile.mkdtemp(prefix="activation-sharding-"))))
+with tempfile.TemporaryDirectory(prefix="activation-sharding-") as work:      # (mkdtemp left one per run)
+    print(json.dumps(PLAN.plan_config(c, N, 1, 80.0, workdir=work)))
