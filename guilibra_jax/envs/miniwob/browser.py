@@ -49,12 +49,11 @@ OFFLINE_FLAGS = (
 # were taken and a replayed episode would not reproduce its pages. The caret is held still
 # (visible) where Chromium knows ``caret-animation`` (M139+), else hidden.
 STEADY_CARET_JS = """
+var still = CSS.supports('caret-animation', 'manual');
 var s = document.createElement('style');
-s.id = 'guilibra-steady-caret';
-s.textContent = CSS.supports('caret-animation', 'manual')
-    ? '* { caret-animation: manual !important; }' : '* { caret-color: transparent !important; }';
+s.textContent = still ? '* { caret-animation: manual !important; }' : '* { caret-color: transparent !important; }';
 document.head.appendChild(s);
-return CSS.supports('caret-animation', 'manual');
+return still;
 """
 
 
