@@ -11,6 +11,7 @@ offline, so the same loading code serves the demo and real checkpoints.
 from __future__ import annotations
 
 import os
+import re
 from typing import Iterable
 
 from guilibra_jax.data import prompts as P
@@ -61,19 +62,37 @@ def build_demo_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str, *,
     return AutoTokenizer.from_pretrained(out_dir)
 
 
-def demo_corpus(records, family: str = "qwen2_5_vl", methods=("guilibra", "mopd")) -> list[str]:
+def demo_corpus(records, family: str = "qwen2_5_vl", methods=("guilibra", "mopd"), *,
+                spell_quoted: bool = False) -> list[str]:
     """Prompt + target texts of native records (both methods, both variants), a
-    corpus for :func:`build_demo_tokenizer`. Image sizes come from the records."""
+    corpus for :func:`build_demo_tokenizer`. Image sizes come from the records.
+
+    ``spell_quoted``: the strings quoted in each record's instruction (the names and
+    passwords a typing task copies) are cut out of that record's texts, so the BPE
+    learns no merges from them: a typed string is spelled from pieces that every
+    record trains, not held as a rare whole-word token per name."""
     from guilibra_jax.data import samples as S
     texts = []
     for r in records:
+        cut = _quoted_cutter(r.instruction) if spell_quoted else None
+        add = texts.extend if cut is None else (lambda parts: texts.extend(map(cut, parts)))
         for method in methods:
             spec = S.SampleSpec(method, family)
             try:
-                system, user = S.prompt_turns(r, spec, tuple(r.image_size))
-                texts.extend([system, user])
+                add(S.prompt_turns(r, spec, tuple(r.image_size)))
                 for with_reasoning in (True, False):
-                    texts.append(S.render_target(r, spec, tuple(r.image_size), with_reasoning)[0])
+                    add([S.render_target(r, spec, tuple(r.image_size), with_reasoning)[0]])
             except ValueError:
                 continue
     return texts
+
+
+def _quoted_cutter(instruction: str):
+    """A function removing every case form of ``instruction``'s quoted strings from a
+    text (None when it quotes nothing)."""
+    from guilibra_jax.data.copy_variants import quoted_strings
+    quoted = {f for q in quoted_strings(instruction or "") for f in (q, q.upper(), q.lower())}
+    if not quoted:
+        return None
+    pattern = re.compile("|".join(map(re.escape, sorted(quoted, key=len, reverse=True))))
+    return lambda text: pattern.sub("", text)

@@ -179,6 +179,10 @@ KEYS: dict[str, Key] = {
     "data.synthetic.test_fraction": Key(0.2, K.number(0, 1, hi_open=True), "fraction of the tasks held out"),
     "data.synthetic.tokenizer_vocab": Key(1024, K.integer(DEMO_MIN_VOCAB, note="(Qwen's special tokens + 256 bytes)"),
                                           "vocabulary size of the demo tokenizer built for the world"),
+    "data.synthetic.tokenizer_spell_quoted": Key(False, K.boolean(),
+                                                 "the demo tokenizer learns no merges from the strings quoted in "
+                                                 "instructions (names, passwords to type): they are spelled from "
+                                                 "frequent pieces, not rare whole-word tokens"),
     # ------------------------------------------------------------------ loss (ASFT)
     "loss.alpha_action": Key(2.0, K.number(0), "ASFT weight of action tokens"),
     "loss.alpha_grounding": Key(4.0, K.number(0), "ASFT weight of grounding (coordinate) tokens"),

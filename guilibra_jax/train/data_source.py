@@ -126,7 +126,8 @@ def prepare_tokenizer(config, workdir: str):
         records = readable_records(config, files)
         partial = out + ".partial"  # renamed when complete (a killed run leaves no half tokenizer)
         shutil.rmtree(partial, ignore_errors=True)
-        build_demo_tokenizer(demo_corpus(records, config.model.tiny.family, (config.data.method,)),
+        build_demo_tokenizer(demo_corpus(records, config.model.tiny.family, (config.data.method,),
+                                         spell_quoted=config.data.synthetic.tokenizer_spell_quoted),
                              config.data.synthetic.tokenizer_vocab, partial)
         shutil.rmtree(out, ignore_errors=True)
         os.replace(partial, out)

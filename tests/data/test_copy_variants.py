@@ -112,3 +112,23 @@ def test_launcher_writes_only_variants_and_reports_what_it_skipped(tmp_path):
     assert [r["trajectory_id"] for r in rows] == ["enter-text-3~copy0", "enter-text-3~copy1"]
     assert all(r["image"] == "images/a.png" and r["target"]["value"] != "Kasie" for r in rows)
     assert all(f'"{r["target"]["value"]}"' in r["instruction"] for r in rows)
+
+
+def test_demo_tokenizer_spells_quoted_strings_from_pieces(tmp_path):
+    """data.synthetic.tokenizer_spell_quoted: the names a typing task copies get no merges of
+    their own, so each is several tokens of the template's pieces; without it the BPE keeps
+    a frequent name whole. Other text (the template) tokenises as before."""
+    from guilibra_jax.data.demo_tokenizer import build_demo_tokenizer, demo_corpus
+    names = ["Kasie", "Jerald", "Emile", "Marybeth"]
+    records = [_step(f'Enter "{n}" into the text field and press Submit.', n, f'Type "{n}" into the text field',
+                     tid=f"enter-text-{i}") for i in range(40) for n in names]
+    whole = build_demo_tokenizer(demo_corpus(records, "qwen2_5_vl", ("guilibra",)), 1024, str(tmp_path / "a"))
+    spelled = build_demo_tokenizer(demo_corpus(records, "qwen2_5_vl", ("guilibra",), spell_quoted=True), 1024,
+                                   str(tmp_path / "b"))
+    for n in names:
+        assert n in whole.tokenize(f'"{n}"')                           # one token of its own
+        pieces = spelled.tokenize(f'"{n}"')
+        assert len(pieces) >= 4 and not any(n.lower() in p.lower() for p in spelled.get_vocab())
+        assert spelled.convert_tokens_to_string(pieces) == f'"{n}"'
+    template = "into the text field and press Submit."
+    assert len(spelled.tokenize(template)) == len(whole.tokenize(template))
