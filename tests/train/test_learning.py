@@ -509,9 +509,12 @@ def test_every_log_prob_is_taken_on_the_same_response_tokens(method, estimator, 
     shift = lambda x: np.roll(x, 1, axis=1)
     check = lambda got, want: float(np.abs(cols(got)[:, :2] - want).max())
     assert check(scores.old_logp, pick(ex_new)) < 2e-5 and check(recompute.old_logp, pick(ex_new)) < 2e-5
-    assert check(scores.ref_logp, pick(ex_ref)) < 2e-5
     assert check(uncols(shift(cols(scores.old_logp))), pick(ex_new)) > 0.1       # a shifted one fails
-    assert check(uncols(shift(cols(scores.ref_logp))), pick(ex_ref)) > 0.1
+    if estimator == "full_kl":   # the update runs the teachers: scoring runs none (reference = old)
+        assert np.array_equal(scores.ref_logp, scores.old_logp) and check(scores.ref_logp, pick(ex_ref)) > 0.1
+    else:
+        assert check(scores.ref_logp, pick(ex_ref)) < 2e-5
+        assert check(uncols(shift(cols(scores.ref_logp))), pick(ex_ref)) > 0.1
 
     adv = {"advantages": np.zeros(ro.rows, np.float32), "kl_mask": np.ones(ro.rows, np.float32)}
     run = lambda sc: PH.update(s, jax.tree.map(jnp.copy, state), ro, adv, sc)[1]
@@ -531,6 +534,26 @@ def test_every_log_prob_is_taken_on_the_same_response_tokens(method, estimator, 
     if estimator != "full_kl":   # full_kl reads the teachers' logits in the update, not ref_logp
         shifted_ref = dataclasses.replace(scores, ref_logp=uncols(shift(cols(scores.ref_logp))))
         assert abs(run(shifted_ref)["kl"] - want) > 0.05 * want
+
+
+def test_full_kl_scoring_runs_no_teacher_and_still_names_an_unserved_platform():
+    """rl.mopd.estimator full_kl: the update computes the exact KL from the teachers' logits,
+    so PH.score runs no teacher (the reference log-probs are the old ones: rescored, they
+    differ), and a platform without a teacher is still a one-line ConfigError at scoring."""
+    cfg, _, params = tiny()
+    frozen = {"desktop": frozen_model("teacher_desktop", teacher(DESKTOP_TEACHER)),
+              "mobile": frozen_model("teacher_mobile", teacher(MOBILE_TEACHER))}
+    config = make_config("mopd", lr=1e-3, steps=1, max_new_tokens=2, share_prefill=True,
+                         **{"mopd.estimator": "full_kl", "mopd.kl_mask": "off"})
+    s, _ = make_stage(config, frozen)
+    ro = PH.rollout(s, params, prompts(("desktop", "mobile")), jax.random.PRNGKey(5))
+    scores = PH.score(s, params, ro)
+    assert np.array_equal(scores.ref_logp, scores.old_logp)
+    k3 = PH.score(dataclasses.replace(s, config=make_config(
+        "mopd", lr=1e-3, steps=1, max_new_tokens=2, share_prefill=True, **{"mopd.kl_mask": "off"})), params, ro)
+    assert np.abs(k3.ref_logp - k3.old_logp).max() > 0.1     # a teacher scored: its log-probs differ
+    with pytest.raises(ConfigError, match=r"rl.teachers has no teacher for platform labels \['mobile'\]"):
+        PH.score(dataclasses.replace(s, frozen={"desktop": frozen["desktop"]}), params, ro)
 
 
 # ----------------------------------------------------------------------------- config

@@ -202,6 +202,20 @@ def row_sizes(local_rows: int, multiple: int) -> tuple[int, ...]:
     return tuple(sorted(sizes | {local_rows}))
 
 
+def check_platforms(platforms: list[str], valid: np.ndarray, teachers: dict) -> tuple:
+    """(labels [rows], the named teachers' keys, rows left to '*'): a ConfigError naming
+    the platform labels of valid rows that no teacher serves (a collective: every process
+    calls it, the labels of all processes are gathered)."""
+    labels = np.array([p or "" for p in platforms])
+    named = sorted(k for k in teachers if k != "*")
+    rest = valid & ~np.isin(labels, named)
+    missing = sorted(set(MH.gather_strings(sorted(set(labels[rest])))) if "*" not in teachers else set())
+    if missing:
+        raise ConfigError(f"config key rl.teachers has no teacher for platform labels {missing}: it has "
+                          f"{sorted(teachers)} (add them, or '*' for a default teacher)")
+    return labels, named, rest
+
+
 def score_by_platform(platforms: list[str], valid: np.ndarray, teachers: dict[str, Frozen],
                       score_rows: Callable[[Frozen, np.ndarray], np.ndarray], row_multiple: int,
                       out: np.ndarray, serve_rows: Callable | None = None, ok: np.ndarray | None = None
@@ -213,13 +227,7 @@ def score_by_platform(platforms: list[str], valid: np.ndarray, teachers: dict[st
     teachers (:func:`is_served`) go to ``serve_rows(teacher, rows)`` -> ([len(rows), T],
     [len(rows)] bool scored) with this process's rows only; unscored rows are set False
     in ``ok`` [local rows]."""
-    labels = np.array([p or "" for p in platforms])
-    named = sorted(k for k in teachers if k != "*")
-    rest = valid & ~np.isin(labels, named)
-    missing = sorted(set(MH.gather_strings(sorted(set(labels[rest])))) if "*" not in teachers else set())
-    if missing:
-        raise ConfigError(f"config key rl.teachers has no teacher for platform labels {missing}: it has "
-                          f"{sorted(teachers)} (add them, or '*' for a default teacher)")
+    labels, named, rest = check_platforms(platforms, valid, teachers)
     calls = [(k, np.nonzero(valid & (labels == k))[0]) for k in named]
     if "*" in teachers:
         calls.append(("*", np.nonzero(rest)[0]))

@@ -41,7 +41,7 @@ from guilibra_jax.train.rl import frozen as FZ
 from guilibra_jax.train.rl import rollout as RO
 from guilibra_jax.train.rl.layout import (agreed_copies, device_inputs, local_chunk, model_batch, row_chunks,
                                           update_calls)
-from guilibra_jax.train.rl.setup import Stage2, reuse_sampler_log_probs, shares_prompts, update_groups
+from guilibra_jax.train.rl.setup import Stage2, reuse_sampler_log_probs, shares_prompts, update_groups, uses_full_kl
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,9 @@ class Scores:
 
 def score(s: Stage2, params, ro: RO.Rollout) -> Scores:
     """Old-policy log-probs and the frozen models' log-probs of the sampled tokens: GRPO's
-    reference on every row; MOPD's teachers, each on its own platform's rows only."""
+    reference on every row; MOPD's teachers, each on its own platform's rows only (none with
+    rl.mopd.estimator full_kl: the update runs them; the reference log-probs are then the
+    old ones, the unused K3 term 0)."""
     ro = RO.pad_prompts(ro, MH.agree_max(ro.prompt_ids.shape[1]))
     longest = MH.agree_max(int(ro.lengths.max()) if ro.rows else 1)
     n_slots = next(b for b in RO.response_buckets(ro.tokens.shape[1]) if b >= longest)
@@ -219,6 +221,9 @@ def score(s: Stage2, params, ro: RO.Rollout) -> Scores:
         ref_logp, ok = serve_rows(ref, all_rows)
     elif ref is not None:
         ref_logp = score_rows(ref, all_rows)
+    elif uses_full_kl(s.config):   # the update runs the teachers and forms the exact KL: nothing to score
+        FZ.check_platforms(ro.platform, ro.valid, s.frozen)
+        ref_logp = old_logp
     else:
         ref_logp = FZ.score_by_platform(ro.platform, ro.valid, s.frozen, score_rows, s.row_multiple,
                                         np.zeros_like(old_logp), serve_rows, ok)

@@ -108,8 +108,7 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, lo
     the policy's ≈ 6 N n of forward + backward; with one 32B teacher for an 8B student about
     2.3x the update's FLOPs (1 + 2·32/(6·8)), each further teacher +1.3x. Memory: the
     teachers' activations of one micro-batch's forward (no gradient, so transient) and
-    [B, chunk, V] logits per model. The scoring phase's teacher log-probs are then unused
-    by the loss.
+    [B, chunk, V] logits per model. The scoring phase then scores no teacher.
 
     ``lora``: the state's params are LoRA adapters and every batch carries ``lora_base``
     (the frozen base weights, no micro-batch axis); the policy is ``lora.merge(base, adapters)``.
