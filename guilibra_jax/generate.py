@@ -158,17 +158,72 @@ def sample_token(logits: Array, rng: Array, temperature: float = 1.0, top_p: flo
     """
     logits = logits.astype(jnp.float32)
     if temperature == 0:
-        token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        lp = jax.nn.log_softmax(logits, axis=-1)
-        return token, jnp.take_along_axis(lp, token[..., None], axis=-1)[..., 0]
+        token = blocked_argmax(logits)
+        picked = jnp.take_along_axis(logits, token[..., None], axis=-1)[..., 0]
+        return token, picked - jax.nn.logsumexp(logits, axis=-1)
     scores, index = sampling_logits(logits, temperature, top_p, top_k)
-    choice = jax.random.categorical(rng, scores, axis=-1).astype(jnp.int32)
-    lp = jnp.take_along_axis(jax.nn.log_softmax(scores, axis=-1), choice[..., None], axis=-1)[..., 0]
+    choice, lp = inverse_cdf_sample(rng, scores)
     token = choice if index is None else jnp.take_along_axis(index, choice[..., None], axis=-1)[..., 0]
     return token, lp
 
 
-# ----------------------------------------------------------------------------- generate
+SAMPLE_BLOCK = 128   # entries per block of blocked_argmax / inverse_cdf_sample (Qwen's vocabularies are multiples)
+
+
+def _blocks(x: Array, block: int, fill: float) -> Array:
+    """[..., K] -> [..., ceil(K / block), block], the last block padded with ``fill``."""
+    k = x.shape[-1]
+    nb = -(-k // block)
+    if nb * block != k:   # (a copy: XLA's CPU reductions over blocks are fast only without it)
+        x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, nb * block - k)], constant_values=fill)
+    return x.reshape(x.shape[:-1] + (nb, block))
+
+
+def _take_block(xb: Array, b: Array) -> Array:
+    """Row block ``b`` [...] of ``xb`` [..., nb, block] -> [..., block]."""
+    return jnp.take_along_axis(xb, b[..., None, None], axis=-2)[..., 0, :]
+
+
+def blocked_argmax(x: Array, block: int = SAMPLE_BLOCK) -> Array:
+    """``jnp.argmax(x, -1)`` (int32; ties: the lowest index) as the argmax of the block
+    maxima, then the argmax inside that block: XLA's CPU backend vectorizes the max over
+    blocks but not a flat argmax over a 152K vocabulary (an order of magnitude slower). A
+    row holding NaN gets an index in range (which one depends on the backend's max)."""
+    xb = _blocks(x, block, -jnp.inf)
+    b = jnp.argmax(jnp.max(xb, axis=-1), axis=-1).astype(jnp.int32)
+    return b * block + jnp.argmax(_take_block(xb, b), axis=-1).astype(jnp.int32)
+
+
+def inverse_cdf_sample(rng: Array, scores: Array, block: int = SAMPLE_BLOCK) -> tuple[Array, Array]:
+    """One draw per row from softmax(``scores`` [..., K]) (-inf: never drawn) by inverting
+    its CDF at one uniform per row: the first level finds the block of ``block`` entries
+    whose cumulative mass crosses it, the second the entry inside that block. Returns
+    (index [...] int32, its log-prob). The same draw as one flat inversion (the block size
+    changes no token beyond float rounding), and exact up to float32 rounding.
+
+    Why not ``jax.random.categorical``: Gumbel-max draws K random numbers per row; over a
+    152K-entry vocabulary on CPU that costs several times the decode step's matmul, here
+    one number per row and a pass of exp."""
+    m = jnp.max(scores, axis=-1, keepdims=True)
+    pb = _blocks(jnp.exp(scores - m), block, 0.0)                 # [..., nb, block]
+    nb = pb.shape[-2]
+    mass = pb.sum(-1)                                            # [..., nb]
+    cum = jnp.cumsum(mass, axis=-1)
+    total = cum[..., -1]
+    u = jax.random.uniform(rng, total.shape, jnp.float32) * total
+    take = lambda x, i: jnp.take_along_axis(x, i[..., None], axis=-1)[..., 0]
+    ids_b = jnp.arange(nb, dtype=jnp.int32)
+    b = jnp.sum(cum <= u[..., None], axis=-1).astype(jnp.int32)
+    b = jnp.clip(b, jnp.min(jnp.where(mass > 0, ids_b, nb - 1), -1), jnp.max(jnp.where(mass > 0, ids_b, 0), -1))
+    inner = _take_block(pb, b)                                   # [..., block]
+    r = u - (take(cum, b) - take(mass, b))
+    ids_j = jnp.arange(block, dtype=jnp.int32)
+    j = jnp.sum(jnp.cumsum(inner, axis=-1) <= r[..., None], axis=-1).astype(jnp.int32)
+    j = jnp.clip(j, jnp.min(jnp.where(inner > 0, ids_j, block - 1), -1), jnp.max(jnp.where(inner > 0, ids_j, 0), -1))
+    index = b * block + j
+    return index, take(scores, index) - (m[..., 0] + jnp.log(total))
+
+
 def decode_positions(prompt_mask: Array, rope_deltas: Array) -> Array:
     """[B] M-RoPE position (all three axes) of the first generated token of each row."""
     n_real = jnp.sum(prompt_mask != 0, axis=-1).astype(jnp.int32)

@@ -298,6 +298,43 @@ def test_sample_token_statistics():
         np.testing.assert_allclose(lp, np.log(want[tok]), atol=1e-5, rtol=0)
 
 
+def test_inverse_cdf_sample_over_many_blocks():
+    """G.inverse_cdf_sample with blocks of 3 over a 16-entry distribution with never-drawn
+    (-inf) entries, one a whole block: chi-square against the exact distribution, no draw
+    of a -inf entry, exact log-probs; the same key draws the same tokens with one block
+    (a flat inversion), so the block size is not part of the distribution."""
+    probs = np.array([0.1, 0, 0.2, 0, 0, 0, 0.05, 0.15, 0.1, 0.02, 0.08, 0.1, 0.05, 0.1, 0.05, 0])
+    logits = np.where(probs > 0, np.log(np.maximum(probs, 1e-30)) + 1.5, -np.inf).astype(np.float32)
+    batch = jnp.broadcast_to(jnp.asarray(logits), (DRAWS, len(probs)))
+    draw = jax.jit(G.inverse_cdf_sample, static_argnames="block")
+    tok, lp = (np.asarray(x) for x in draw(jax.random.key(3), batch, block=3))
+    flat, _ = draw(jax.random.key(3), batch, block=len(probs))
+    assert np.mean(np.asarray(flat) == tok) > 0.999
+    counts = np.bincount(tok, minlength=len(probs))
+    support = np.flatnonzero(probs > 0)
+    assert set(np.flatnonzero(counts)) == set(support)
+    expected = DRAWS * probs[support]
+    assert ((counts[support] - expected) ** 2 / expected).sum() < stats.chi2.ppf(1 - 1e-4, len(support) - 1)
+    np.testing.assert_allclose(lp, np.log(probs[tok]), atol=1e-5, rtol=0)
+
+
+def test_blocked_argmax_is_argmax():
+    """G.blocked_argmax equals jnp.argmax on rows with ties (the lowest index wins, across and
+    within blocks), all -inf, all +inf, a vocabulary that is not a multiple of the block
+    (padded) and one that is."""
+    rng = np.random.default_rng(0)
+    for v in (1000, 1024):
+        x = rng.normal(size=(7, v)).astype(np.float32)
+        x[1, [5, 700]] = x[1, [3, 900]] = 9.0       # ties in different blocks
+        x[2, [130, 131]] = 9.0                      # a tie inside one block
+        x[3], x[4] = -np.inf, np.inf
+        x[5, -1] = 10.0                             # the last entry (the padded block)
+        want = np.argmax(x, -1)
+        assert want.tolist()[1:4] == [3, 130, 0]
+        np.testing.assert_array_equal(np.asarray(jax.jit(G.blocked_argmax)(jnp.asarray(x))), want)
+        np.testing.assert_array_equal(np.asarray(G.blocked_argmax(jnp.asarray(x), block=7)), want)
+
+
 def test_top_p_and_top_k_sets_exact():
     """Nucleus boundaries on a large random vocabulary, checked per row."""
     rng = np.random.default_rng(0)

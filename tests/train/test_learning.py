@@ -460,9 +460,11 @@ def test_adaptive_kl_mask_turns_the_teacher_off_for_solved_groups():
 # ----------------------------------------------------------------------------- alignment
 
 
-def _k3(logp, ref):
+def _k3(logp, ref, clamp=run_config.base_config().rl.kl_clamp):
+    """K3 of the sampled tokens, clipped at rl.kl_clamp as the loss clips it (a sampled token
+    the teacher finds unlikely lies past it)."""
     d = ref - logp
-    return np.exp(d) - d - 1
+    return np.minimum(np.exp(d) - d - 1, clamp)
 
 
 # The full_kl cases are slow-marked (~35 s): full_kl's teacher logits are checked exactly by
