@@ -39,7 +39,7 @@ Agreement (greedy only): the fraction of equal tokens, of rows equal throughout,
   fraction of each row before its first mismatch (after one, a row's continuations differ). In
   float32 the two agree until a near-tie of the top two logits.
 
-Writes benchmarks/results/sampler-<model>-<dtype>-<machine>.json (see --out_dir) and prints it.
+Writes benchmarks/results/sampler-<model>-<dtype>[-t<temperature>]-<machine>.json (see --out_dir) and prints it.
 
   python -m benchmarks.sampler --model=tiny                       # CPU smoke run, < 1 minute
   python -m benchmarks.sampler                                    # bench100m, 8 states x G=8
@@ -351,7 +351,8 @@ def main(argv=None) -> dict:
                                                             / result[n][1], 3)})
             if args.temperature == 0:
                 row[f"{n}_agreement"] = agreement(result["jax"][0], result[n][0])
-    return C.report("sampler", f"sampler-{args.model}-{args.dtype}", row, args, start)
+    sampled = f"-t{args.temperature:g}" if args.temperature else ""   # greedy runs keep the plain name
+    return C.report("sampler", f"sampler-{args.model}-{args.dtype}{sampled}", row, args, start)
 
 
 if __name__ == "__main__":
