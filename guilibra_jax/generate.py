@@ -224,6 +224,7 @@ def inverse_cdf_sample(rng: Array, scores: Array, block: int = SAMPLE_BLOCK) -> 
     return index, take(scores, index) - (m[..., 0] + jnp.log(total))
 
 
+# ----------------------------------------------------------------------------- generate
 def decode_positions(prompt_mask: Array, rope_deltas: Array) -> Array:
     """[B] M-RoPE position (all three axes) of the first generated token of each row."""
     n_real = jnp.sum(prompt_mask != 0, axis=-1).astype(jnp.int32)
