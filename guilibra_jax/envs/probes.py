@@ -1,0 +1,101 @@
+"""Vision probes: one-step screenshots whose answer only the picture holds.
+
+Each probe draws one colored box on a white 320 x 420 page (the size of MiniWoB++ at
+scale 2, under a pale instruction bar) and asks for something about it:
+
+    kind    instruction                      answer
+    color   "Answer with the box's color."   Answer, value: red | green | blue | yellow
+    place   "Answer with the box's place."   Answer, value: top|bottom left|right (box center)
+    click   "Click the box."                 Click at the box (its bbox is the target)
+    page    "Answer with the page's color."  the whole page is the box (the control)
+
+``box`` sets the box's size: ``small`` (60-140 x 30-60 px, about 1-2 of the 35 visual
+tokens the ``configs/miniwob.py`` recipe reads: a MiniWoB++ button) or ``large``
+(150-220 x 130-200 px). The instruction never names the answer, so a model that does not
+read the screenshot scores at most the best constant answer (the training run's
+``eval/constant_baseline_step_acc``). Telling the two apart is the probe's purpose: a
+plumbing defect (images not reaching the model) fails even ``page``; a model that reads
+only the screen's overall statistics passes ``page`` and ``large`` and fails ``small``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+from PIL import Image, ImageDraw
+
+from guilibra_jax.data.native import StepRecord, StepTarget
+
+KINDS = ("color", "place", "click", "page")
+BOXES = {"small": ((60, 140), (30, 60)), "large": ((150, 220), (130, 200))}
+COLORS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 80, 220), "yellow": (230, 200, 30)}
+PAGE = (320, 420)
+BAR = 90          # the instruction bar's height, px (MiniWoB++ puts the task text there)
+INSTRUCTIONS = {"color": "Answer with the box's color.", "place": "Answer with the box's place.",
+                "click": "Click the box.", "page": "Answer with the page's color."}
+
+
+def draw_probe(rng: random.Random, kind: str, box: str) -> tuple[Image.Image, tuple[float, float, float, float], str]:
+    """(image, the box in unit space (x1, y1, x2, y2), its color) of one probe screen."""
+    if kind not in KINDS:
+        raise ValueError(f"probe kind {kind!r}: expected one of {KINDS}")
+    if box not in BOXES:
+        raise ValueError(f"probe box {box!r}: expected one of {sorted(BOXES)}")
+    width, height = PAGE
+    color = rng.choice(sorted(COLORS))
+    if kind == "page":
+        x0, y0, w, h = 0, 0, width, height
+    else:
+        (wlo, whi), (hlo, hhi) = BOXES[box]
+        w, h = rng.randint(wlo, whi), rng.randint(hlo, hhi)
+        x0, y0 = rng.randint(0, width - w), rng.randint(BAR + 10, height - h)
+    image = Image.new("RGB", PAGE, "white")
+    draw = ImageDraw.Draw(image)
+    draw.rectangle([0, 0, width - 1, BAR], fill=(255, 255, 225))
+    draw.rectangle([x0, y0, x0 + w - 1, y0 + h - 1], fill=COLORS[color])
+    return image, (x0 / width, y0 / height, (x0 + w) / width, (y0 + h) / height), color
+
+
+def place_of(bbox: tuple[float, float, float, float]) -> str:
+    """"top left" ... "bottom right": the quadrant of the box's center below the bar."""
+    cx, cy = (bbox[0] + bbox[2]) / 2, (bbox[1] + bbox[3]) / 2
+    middle = (BAR / PAGE[1] + 1) / 2
+    return ("top" if cy < middle else "bottom") + " " + ("left" if cx < 0.5 else "right")
+
+
+def probe_record(rng: random.Random, kind: str, box: str, index: int, split: str, image_path: str
+                 ) -> tuple[StepRecord, Image.Image]:
+    """One probe step (native record) and its screenshot, to be saved at ``image_path``."""
+    image, bbox, color = draw_probe(rng, kind, box)
+    if kind == "click":
+        target = StepTarget("Click", "Click the box", None, ((bbox[0] + bbox[2]) / 2, (bbox[1] + bbox[3]) / 2),
+                            bbox, action_target="the box")
+        reasoning = "There is one box, so I click it."
+    else:
+        value = place_of(bbox) if kind == "place" else color
+        target = StepTarget("Answer", "Answer", value)
+        reasoning = f"I look at the {'page' if kind == 'page' else 'box'}."
+    record = StepRecord(f"probe-{kind}-{box}-{split}-{index}", 0, "web", INSTRUCTIONS[kind], (), image_path,
+                        PAGE, target, reasoning, source=f"probe-{kind}-{box}", split=split)
+    return record, image
+
+
+def write_probe(out: str, kind: str, box: str = "small", train: int = 2000, test: int = 200, seed: int = 0
+                ) -> dict[str, int]:
+    """Write ``out``/train.jsonl and test.jsonl (native records) with their screenshots in
+    ``out``/images; returns the counts. Train and test screens come from one stream
+    (``seed``), so no test screen repeats a training one but by chance."""
+    from guilibra_jax.data.writers import write_native
+    os.makedirs(os.path.join(out, "images"), exist_ok=True)
+    rng = random.Random(f"{seed}-{kind}-{box}")
+    counts = {}
+    for split, n in (("train", train), ("test", test)):
+        records = []
+        for i in range(n):
+            path = os.path.join(out, "images", f"{kind}-{box}-{split}-{i}.png")
+            record, image = probe_record(rng, kind, box, i, split, path)
+            image.save(path)
+            records.append(record)
+        counts[split] = write_native(records, os.path.join(out, f"{split}.jsonl"))
+    return counts
