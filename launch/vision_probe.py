@@ -19,7 +19,7 @@ from absl import flags
 
 from launch import cli
 
-_KIND = flags.DEFINE_enum("kind", "color", ["color", "place", "click", "page"], "What the probe asks.")
+_KIND = flags.DEFINE_enum("kind", "color", ["color", "place", "click", "page", "label"], "What the probe asks.")
 _BOX = flags.DEFINE_enum("box", "small", ["small", "large"], "Box size (small: about a MiniWoB++ button).")
 _OUT = flags.DEFINE_string("out", None, "Output folder (train.jsonl, test.jsonl, images/).")
 _TRAIN = flags.DEFINE_integer("train", 2000, "Training screens.", lower_bound=1)

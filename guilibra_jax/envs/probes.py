@@ -8,14 +8,17 @@ scale 2, under a pale instruction bar) and asks for something about it:
     place   "Answer with the box's place."   Answer, value: top|bottom left|right (box center)
     click   "Click the box."                 Click at the box (its bbox is the target)
     page    "Answer with the page's color."  the whole page is the box (the control)
+    label   'Click the "GO" button.'         Click at the named one of three gray buttons
+                                             labelled with short words (20 px text)
 
-``box`` sets the box's size: ``small`` (60-140 x 30-60 px, about 1-2 of the 35 visual
+``box`` sets the box's size (not ``label``: its buttons are 80 x 40 px): ``small`` (60-140 x 30-60 px, about 1-2 of the 35 visual
 tokens the ``configs/miniwob.py`` recipe reads: a MiniWoB++ button) or ``large``
 (150-220 x 130-200 px). The instruction never names the answer, so a model that does not
 read the screenshot scores at most the best constant answer (the training run's
 ``eval/constant_baseline_step_acc``). Telling the two apart is the probe's purpose: a
 plumbing defect (images not reaching the model) fails even ``page``; a model that reads
-only the screen's overall statistics passes ``page`` and ``large`` and fails ``small``.
+only the screen's overall statistics passes ``page`` and ``large`` and fails ``small``; one
+that finds buttons but cannot read them scores about 1/3 on ``label``.
 """
 
 from __future__ import annotations
@@ -27,13 +30,16 @@ from PIL import Image, ImageDraw
 
 from guilibra_jax.data.native import StepRecord, StepTarget
 
-KINDS = ("color", "place", "click", "page")
+KINDS = ("color", "place", "click", "page", "label")
 BOXES = {"small": ((60, 140), (30, 60)), "large": ((150, 220), (130, 200))}
 COLORS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 80, 220), "yellow": (230, 200, 30)}
 PAGE = (320, 420)
 BAR = 90          # the instruction bar's height, px (MiniWoB++ puts the task text there)
 INSTRUCTIONS = {"color": "Answer with the box's color.", "place": "Answer with the box's place.",
                 "click": "Click the box.", "page": "Answer with the page's color."}
+WORDS = ("ONE", "TWO", "GO", "NO", "YES", "OK", "UP", "ADD", "END", "SET")
+BUTTON = (80, 40)   # label probe: button size, px
+FONT_PX = 20
 
 
 def draw_probe(rng: random.Random, kind: str, box: str) -> tuple[Image.Image, tuple[float, float, float, float], str]:
@@ -57,6 +63,29 @@ def draw_probe(rng: random.Random, kind: str, box: str) -> tuple[Image.Image, tu
     return image, (x0 / width, y0 / height, (x0 + w) / width, (y0 + h) / height), color
 
 
+def draw_label_probe(rng: random.Random) -> tuple[Image.Image, tuple[float, float, float, float], str]:
+    """(image, the named button in unit space, its word) of one label screen: three gray
+    buttons with distinct words at places that do not overlap."""
+    from PIL import ImageFont
+    width, height = PAGE
+    (bw, bh), boxes = BUTTON, []
+    while len(boxes) < 3:
+        x0, y0 = rng.randint(0, width - bw), rng.randint(BAR + 10, height - bh)
+        if all(x0 + bw + 4 <= a or a + bw + 4 <= x0 or y0 + bh + 4 <= b or b + bh + 4 <= y0 for a, b in boxes):
+            boxes.append((x0, y0))
+    words = rng.sample(WORDS, 3)
+    image = Image.new("RGB", PAGE, "white")
+    draw = ImageDraw.Draw(image)
+    draw.rectangle([0, 0, width - 1, BAR], fill=(255, 255, 225))
+    font = ImageFont.load_default(size=FONT_PX)
+    for (x0, y0), word in zip(boxes, words):
+        draw.rectangle([x0, y0, x0 + bw - 1, y0 + bh - 1], fill=(215, 215, 215), outline=(120, 120, 120))
+        draw.text((x0 + bw / 2, y0 + bh / 2), word, fill=(0, 0, 0), font=font, anchor="mm")
+    k = rng.randrange(3)
+    (x0, y0), word = boxes[k], words[k]
+    return image, (x0 / width, y0 / height, (x0 + bw) / width, (y0 + bh) / height), word
+
+
 def place_of(bbox: tuple[float, float, float, float]) -> str:
     """"top left" ... "bottom right": the quadrant of the box's center below the bar."""
     cx, cy = (bbox[0] + bbox[2]) / 2, (bbox[1] + bbox[3]) / 2
@@ -67,6 +96,14 @@ def place_of(bbox: tuple[float, float, float, float]) -> str:
 def probe_record(rng: random.Random, kind: str, box: str, index: int, split: str, image_path: str
                  ) -> tuple[StepRecord, Image.Image]:
     """One probe step (native record) and its screenshot, to be saved at ``image_path``."""
+    if kind == "label":
+        image, bbox, word = draw_label_probe(rng)
+        target = StepTarget("Click", f'Click the "{word}" button', None,
+                            ((bbox[0] + bbox[2]) / 2, (bbox[1] + bbox[3]) / 2), bbox, action_target=f'the "{word}" button')
+        record = StepRecord(f"probe-label-{split}-{index}", 0, "web", f'Click the "{word}" button.', (), image_path,
+                            PAGE, target, f'Three buttons; the one labelled "{word}" is the one to click.',
+                            source="probe-label", split=split)
+        return record, image
     image, bbox, color = draw_probe(rng, kind, box)
     if kind == "click":
         target = StepTarget("Click", "Click the box", None, ((bbox[0] + bbox[2]) / 2, (bbox[1] + bbox[3]) / 2),

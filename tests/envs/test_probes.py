@@ -65,6 +65,28 @@ def test_every_answer_is_what_the_screenshot_shows(tmp_path, kind, box):
     assert len({r.target.value or r.target.point for r in records}) > 1
 
 
+def test_label_probe_names_the_button_whose_pixels_show_its_word(tmp_path):
+    from PIL import ImageDraw, ImageFont
+    P.write_probe(str(tmp_path), "label", train=10, test=2, seed=2)
+    records = _records(tmp_path)
+    font = ImageFont.load_default(size=P.FONT_PX)
+    for r in records:
+        word = r.target.action_description.split('"')[1]
+        assert r.instruction == f'Click the "{word}" button.' and word in P.WORDS
+        image, (x1, y1, x2, y2) = _box_pixels(r)
+        assert (x2 - x1, y2 - y1) == P.BUTTON
+        # the target's pixels are exactly a button drawn with the instruction's word
+        button = Image.new("RGB", P.BUTTON, "white")
+        draw = ImageDraw.Draw(button)
+        draw.rectangle([0, 0, P.BUTTON[0] - 1, P.BUTTON[1] - 1], fill=(215, 215, 215), outline=(120, 120, 120))
+        draw.text((P.BUTTON[0] / 2, P.BUTTON[1] / 2), word, fill=(0, 0, 0), font=font, anchor="mm")
+        assert np.array_equal(image[y1:y2, x1:x2], np.asarray(button)), r.trajectory_id
+        # two other buttons with other words: clicking a button at random is right 1 time in 3
+        gray = np.all(image == (215, 215, 215), axis=-1)
+        assert gray.sum() > 2.5 * gray[y1:y2, x1:x2].sum()
+    assert len({r.instruction for r in records}) > 1
+
+
 def test_the_launcher_writes_a_probe_and_bad_kinds_are_named(tmp_path):
     out = subprocess.run([sys.executable, "-m", "launch.vision_probe", "--kind=place", "--box=small",
                           f"--out={tmp_path}", "--train=3", "--test=2"], capture_output=True, text=True)
