@@ -17,10 +17,11 @@ import json
 
 from absl import flags
 
+from guilibra_jax.envs.probes import BOXES, KINDS
 from launch import cli
 
-_KIND = flags.DEFINE_enum("kind", "color", ["color", "place", "click", "page", "label"], "What the probe asks.")
-_BOX = flags.DEFINE_enum("box", "small", ["small", "large"], "Box size (small: about a MiniWoB++ button).")
+_KIND = flags.DEFINE_enum("kind", "color", list(KINDS), "What the probe asks.")
+_BOX = flags.DEFINE_enum("box", "small", sorted(BOXES), "Box size (small: about a MiniWoB++ button).")
 _OUT = flags.DEFINE_string("out", None, "Output folder (train.jsonl, test.jsonl, images/).")
 _TRAIN = flags.DEFINE_integer("train", 2000, "Training screens.", lower_bound=1)
 _TEST = flags.DEFINE_integer("test", 200, "Held-out screens.", lower_bound=1)

@@ -1,7 +1,7 @@
 """Vision probes: one-step screenshots whose answer only the picture holds.
 
-Each probe draws one colored box on a white 320 x 420 page (the size of MiniWoB++ at
-scale 2, under a pale instruction bar) and asks for something about it:
+Each probe draws a white 320 x 420 page (MiniWoB++'s size at scale 2, under a pale
+instruction bar) with one colored box, or three labelled buttons, and asks about it:
 
     kind    instruction                      answer
     color   "Answer with the box's color."   Answer, value: red | green | blue | yellow
@@ -11,9 +11,9 @@ scale 2, under a pale instruction bar) and asks for something about it:
     label   'Click the "GO" button.'         Click at the named one of three gray buttons
                                              labelled with short words (20 px text)
 
-``box`` sets the box's size (not ``label``: its buttons are 80 x 40 px): ``small`` (60-140 x 30-60 px, about 1-2 of the 35 visual
+``box`` sets the box's size: ``small`` (60-140 x 30-60 px, about 1-2 of the 35 visual
 tokens the ``configs/miniwob.py`` recipe reads: a MiniWoB++ button) or ``large``
-(150-220 x 130-200 px). The instruction never names the answer, so a model that does not
+(150-220 x 130-200 px); ``label``'s buttons are 80 x 40 px whatever ``box`` says. The instruction never names the answer, so a model that does not
 read the screenshot scores at most the best constant answer (the training run's
 ``eval/constant_baseline_step_acc``). Telling the two apart is the probe's purpose: a
 plumbing defect (images not reaching the model) fails even ``page``; a model that reads
@@ -42,6 +42,14 @@ BUTTON = (80, 40)   # label probe: button size, px
 FONT_PX = 20
 
 
+def _page() -> tuple[Image.Image, ImageDraw.ImageDraw]:
+    """A blank probe page under its instruction bar, and a pen on it."""
+    image = Image.new("RGB", PAGE, "white")
+    draw = ImageDraw.Draw(image)
+    draw.rectangle([0, 0, PAGE[0] - 1, BAR], fill=(255, 255, 225))
+    return image, draw
+
+
 def draw_probe(rng: random.Random, kind: str, box: str) -> tuple[Image.Image, tuple[float, float, float, float], str]:
     """(image, the box in unit space (x1, y1, x2, y2), its color) of one probe screen."""
     if kind not in KINDS:
@@ -56,9 +64,7 @@ def draw_probe(rng: random.Random, kind: str, box: str) -> tuple[Image.Image, tu
         (wlo, whi), (hlo, hhi) = BOXES[box]
         w, h = rng.randint(wlo, whi), rng.randint(hlo, hhi)
         x0, y0 = rng.randint(0, width - w), rng.randint(BAR + 10, height - h)
-    image = Image.new("RGB", PAGE, "white")
-    draw = ImageDraw.Draw(image)
-    draw.rectangle([0, 0, width - 1, BAR], fill=(255, 255, 225))
+    image, draw = _page()
     draw.rectangle([x0, y0, x0 + w - 1, y0 + h - 1], fill=COLORS[color])
     return image, (x0 / width, y0 / height, (x0 + w) / width, (y0 + h) / height), color
 
@@ -74,9 +80,7 @@ def draw_label_probe(rng: random.Random) -> tuple[Image.Image, tuple[float, floa
         if all(x0 + bw + 4 <= a or a + bw + 4 <= x0 or y0 + bh + 4 <= b or b + bh + 4 <= y0 for a, b in boxes):
             boxes.append((x0, y0))
     words = rng.sample(WORDS, 3)
-    image = Image.new("RGB", PAGE, "white")
-    draw = ImageDraw.Draw(image)
-    draw.rectangle([0, 0, width - 1, BAR], fill=(255, 255, 225))
+    image, draw = _page()
     font = ImageFont.load_default(size=FONT_PX)
     for (x0, y0), word in zip(boxes, words):
         draw.rectangle([x0, y0, x0 + bw - 1, y0 + bh - 1], fill=(215, 215, 215), outline=(120, 120, 120))
