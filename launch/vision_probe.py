@@ -18,7 +18,9 @@ import json
 from absl import flags
 
 from guilibra_jax.envs.probes import BOXES, KINDS
-from launch import cli
+from launch import cli, recipes
+
+__doc__ += recipes.index_text()   # --help lists the recipes in configs/
 
 _KIND = flags.DEFINE_enum("kind", "color", list(KINDS), "What the probe asks.")
 _BOX = flags.DEFINE_enum("box", "small", sorted(BOXES), "Box size (small: about a MiniWoB++ button).")

@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # launcher -> the recipe kind it runs (None: it takes no recipe and lists every one)
 LAUNCHERS = {"train": "train", "plan": "train", "eval": "eval", "curate": "curate", "study": "study",
              "convert": None, "convert_data": None, "merge": None, "record_demos": None, "compare": None,
-             "copy_variants": None}
+             "copy_variants": None, "vision_probe": None}
 
 
 def _help(name: str, flag: str = "--help") -> subprocess.CompletedProcess:
