@@ -12,7 +12,7 @@ INSTALL_REQUIRES = [
     "tensorstore>=0.1.80,<0.2",
     "ml-collections>=1.1,<2",
     "safetensors>=0.6,<1",
-    "pillow>=10,<14",
+    "pillow>=10.1,<14",   # 10.1: ImageFont.load_default(size=) (the label probe)
     "numpy>=2.0,<3",
     "absl-py>=2.1,<3",
     "pyarrow>=15,<27",

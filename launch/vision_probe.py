@@ -17,7 +17,7 @@ import json
 
 from absl import flags
 
-from guilibra_jax.envs.probes import BOXES, KINDS
+from guilibra_jax.envs.probes import BOXES, KINDS, write_probe
 from launch import cli, recipes
 
 __doc__ += recipes.index_text()   # --help lists the recipes in configs/
@@ -33,7 +33,6 @@ flags.mark_flags_as_required(["out"])
 
 def main(argv):
     del argv
-    from guilibra_jax.envs.probes import write_probe
     counts = write_probe(_OUT.value, _KIND.value, _BOX.value, _TRAIN.value, _TEST.value, _SEED.value)
     print(json.dumps({"out": _OUT.value, "kind": _KIND.value, "box": _BOX.value, **counts}))
 

@@ -52,8 +52,9 @@ def _page() -> tuple[Image.Image, ImageDraw.ImageDraw]:
 
 def draw_probe(rng: random.Random, kind: str, box: str) -> tuple[Image.Image, tuple[float, float, float, float], str]:
     """(image, the box in unit space (x1, y1, x2, y2), its color) of one probe screen."""
-    if kind not in KINDS:
-        raise ValueError(f"probe kind {kind!r}: expected one of {KINDS}")
+    if kind not in KINDS or kind == "label":
+        raise ValueError(f"probe kind {kind!r}: expected one of {[k for k in KINDS if k != 'label']} "
+                         f"(label screens: draw_label_probe)")
     if box not in BOXES:
         raise ValueError(f"probe box {box!r}: expected one of {sorted(BOXES)}")
     width, height = PAGE
@@ -90,9 +91,13 @@ def draw_label_probe(rng: random.Random) -> tuple[Image.Image, tuple[float, floa
     return image, (x0 / width, y0 / height, (x0 + bw) / width, (y0 + bh) / height), word
 
 
+def _center(bbox: tuple[float, float, float, float]) -> tuple[float, float]:
+    return (bbox[0] + bbox[2]) / 2, (bbox[1] + bbox[3]) / 2
+
+
 def place_of(bbox: tuple[float, float, float, float]) -> str:
     """"top left" ... "bottom right": the quadrant of the box's center below the bar."""
-    cx, cy = (bbox[0] + bbox[2]) / 2, (bbox[1] + bbox[3]) / 2
+    cx, cy = _center(bbox)
     middle = (BAR / PAGE[1] + 1) / 2
     return ("top" if cy < middle else "bottom") + " " + ("left" if cx < 0.5 else "right")
 
@@ -102,16 +107,15 @@ def probe_record(rng: random.Random, kind: str, box: str, index: int, split: str
     """One probe step (native record) and its screenshot, to be saved at ``image_path``."""
     if kind == "label":
         image, bbox, word = draw_label_probe(rng)
-        target = StepTarget("Click", f'Click the "{word}" button', None,
-                            ((bbox[0] + bbox[2]) / 2, (bbox[1] + bbox[3]) / 2), bbox, action_target=f'the "{word}" button')
+        target = StepTarget("Click", f'Click the "{word}" button', None, _center(bbox), bbox,
+                            action_target=f'the "{word}" button')
         record = StepRecord(f"probe-label-{split}-{index}", 0, "web", f'Click the "{word}" button.', (), image_path,
                             PAGE, target, f'Three buttons; the one labelled "{word}" is the one to click.',
                             source="probe-label", split=split)
         return record, image
     image, bbox, color = draw_probe(rng, kind, box)
     if kind == "click":
-        target = StepTarget("Click", "Click the box", None, ((bbox[0] + bbox[2]) / 2, (bbox[1] + bbox[3]) / 2),
-                            bbox, action_target="the box")
+        target = StepTarget("Click", "Click the box", None, _center(bbox), bbox, action_target="the box")
         reasoning = "There is one box, so I click it."
     else:
         value = place_of(bbox) if kind == "place" else color
