@@ -18,10 +18,9 @@ def first_clicks(eval_dir: str, agent: str = "checkpoint") -> dict:
     for path in sorted(glob.glob(os.path.join(eval_dir, "trajectories", agent, "*", "trajectory.json"))):
         with open(path) as f:
             t = json.load(f)
-        # the first step's events, as trajectory.json stores them (their repr): the first
-        # click's point is what the page received (None: the first action was no click)
-        events = str(t["trajectory"][0]["events"]) if t["trajectory"] else ""
-        point = events.split("'point': [", 1)[1].split("]", 1)[0] if "'kind': 'click'" in events else None
+        # the first step's first click, as the page received it (None: no click in that step)
+        events = t["trajectory"][0]["events"] if t["trajectory"] else []
+        point = next((tuple(e["point"]) for e in events if e["kind"] == "click"), None)
         points[t["task"]].append(point)
         success[t["task"]].append(bool(t["success"]))
     tasks = {task: {"episodes": len(p), "distinct_first_clicks": len({x for x in p if x is not None}),
