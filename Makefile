@@ -53,6 +53,9 @@ demo-mopd: $(VENV)/.installed
 # demos, ASFT of the tiny model, then online success of expert / random clicks / the model.
 demo-miniwob: $(VENV)/.installed-miniwob
 	$(PY) -m launch.record_demos --world=miniwob --out=runs/miniwob_demos --episodes=100 --scale=2
+	$(PY) -m launch.copy_variants --input=runs/miniwob_demos/train.jsonl --out=runs/miniwob_demos/train_copy.jsonl --copies=10
+	$(PY) -m launch.vision_probe --kind=click --box=large --out=runs/miniwob_probes/click_large
+	$(PY) -m launch.vision_probe --kind=click --box=small --out=runs/miniwob_probes/click_small
 	$(PY) -m launch.train --config=configs/miniwob.py --workdir=runs/miniwob_sft
 	$(PY) -m launch.eval --config=configs/eval_demo.py --workdir=runs/miniwob_eval --config.world=miniwob \
 	    --config.miniwob.scale=2 --config.online.episodes=20 --config.agents='("expert","random_click","checkpoint")' \

@@ -8,14 +8,16 @@ r"""ASFT on MiniWoB++ expert demonstrations (record them first; optional [miniwo
         --config.agent_kwargs.checkpoint.workdir=runs/miniwob_sft
 
 Recipes (``:arg``):
-- ``cpu`` (default): the demo's tiny Qwen2.5-VL-shaped model (text 128 wide x 2 layers,
-  vision 64 wide x 2, a 1,024-token BPE trained on the demos) on 100 demos per task recorded
-  at ``--scale=2`` and read at ``max_pixels`` 33,600 (the 320 x 420 screenshots resized to
-  140 x 196: 140 patches, 35 visual tokens), direct-action samples only (``data.mix``
-  direct), the demo's short system turn, 2,400 steps of batch 8, lr 3e-3 cosine: 0.25
-  held-out macro success against random clicking's 0.16 on the same 700 episodes (a retrain from
-  re-recorded demos: 0.20), 16 minutes of training on a 2-core CPU under load
-  (docs/study/miniwob/levers.json).
+- ``cpu`` (default): a tiny Qwen3-VL-shaped model (text 128 wide x 2 layers, vision 64 wide
+  x 2, learned vision position embeddings, interleaved M-RoPE; a 1,024-token BPE trained on
+  the demos with the instructions' quoted strings left out, so names are spelled from pieces)
+  on 100 demos per task recorded at ``--scale=2`` and read at ``max_pixels`` 33,600 (the
+  320 x 420 screenshots resized to 160 x 192: 120 patches, 30 visual tokens), plus 10 copy variants of every typing step
+  (``launch.copy_variants``) and 4,000 vision-probe screens (``launch.vision_probe --kind=click``,
+  large and small boxes), direct-action samples only, the demo's short system turn, 7,000
+  steps of batch 8, lr 3e-3 cosine: 0.37 held-out macro success against random clicking's 0.16
+  on the same 700 episodes, 21 minutes of training on a 2-core CPU
+  (docs/study/miniwob/levers.json ``e_copy10``; ``make demo-miniwob`` writes every input).
 - ``qwen2_5_vl_3b`` / ``qwen3_vl_4b``: a real model (set ``model.hf_path``) on demos recorded
   at ``--scale=2`` (320 x 420), GUI-Libra's own system prompt, the release's ASFT settings
   (lr 1e-5, cosine, alpha_a 2, alpha_g 4), batch 32 x 300 steps. Sized for one node of
@@ -52,6 +54,7 @@ from configs import demo
 from guilibra_jax.train.config import H100_1x8, base_config, hardware
 
 DEMOS = "runs/miniwob_demos"
+PROBES = "runs/miniwob_probes"   # launch.vision_probe --kind=click --box=large|small --out=PROBES/click_<box>
 GPU = {"qwen2_5_vl_3b": "qwen2_5_vl", "qwen3_vl_4b": "qwen3_vl"}
 ARGS = ("cpu", "smoke", "rl", "rl_smoke", "qwen2_5_vl_3b", "qwen3_vl_4b")
 SFT_EXPORT = "runs/miniwob_sft/export"
@@ -115,12 +118,16 @@ def get_config(arg="cpu"):
         c.data.max_length = 384
         c.data.seq_buckets = (256, 384)
         c.data.patch_bucket = 1152       # 8 images x 140 patches
-        c.data.max_pixels = 160 * 210    # the task region at scale 1 (scale-2 demos are resized to 140 x 196)
+        c.data.max_pixels = 160 * 210    # the task region at scale 1 (scale-2 demos: 140 x 196 for Qwen2.5-VL, 160 x 192 for Qwen3-VL)
         if arg != "smoke":
             c.data.mix = "direct"        # issue #19's runs: direct 0.14 macro at 430 steps, mixed 0.04 at 300
-            c.train.steps = 2400
-            c.train.checkpoint_every = 800
-            c.train.eval_every = 600
+            c.data.train_files = (f"{DEMOS}/train.jsonl", f"{DEMOS}/train_copy.jsonl",
+                                  f"{PROBES}/click_large/train.jsonl", f"{PROBES}/click_small/train.jsonl")
+            c.data.synthetic.tokenizer_spell_quoted = True   # names spelled from pieces: copying is learnable
+            c.model.tiny.family = "qwen3_vl"                 # the Qwen2.5-VL shape cannot locate a small box
+            c.train.steps = 7000                             # copying the instruction's string appears at ~3,500
+            c.train.checkpoint_every = 1750
+            c.train.eval_every = 1750
             c.train.eval_samples = 96
         return c
     if arg not in GPU:
