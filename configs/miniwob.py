@@ -12,12 +12,13 @@ Recipes (``:arg``):
   x 2, learned vision position embeddings, interleaved M-RoPE; a 1,024-token BPE trained on
   the demos with the instructions' quoted strings left out, so names are spelled from pieces)
   on 100 demos per task recorded at ``--scale=2`` and read at ``max_pixels`` 33,600 (the
-  320 x 420 screenshots resized to 160 x 192: 120 patches, 30 visual tokens), plus 10 copy variants of every typing step
-  (``launch.copy_variants``) and 4,000 vision-probe screens (``launch.vision_probe --kind=click``,
-  large and small boxes), direct-action samples only, the demo's short system turn, 7,000
-  steps of batch 8, lr 3e-3 cosine: 0.37 held-out macro success against random clicking's 0.16
-  on the same 700 episodes, 21 minutes of training on a 2-core CPU
-  (docs/study/miniwob/levers.json ``e_copy10``; ``make demo-miniwob`` writes every input).
+  320 x 420 screenshots resized to 160 x 192: 120 patches, 30 visual tokens), plus 10 copy
+  variants of every typing step (``launch.copy_variants``) and 4,000 vision-probe screens
+  (``launch.vision_probe --kind=click``, large and small boxes), direct-action samples only,
+  the demo's short system turn, 7,000 steps of batch 8, lr 3e-3 cosine: 0.37 held-out macro
+  success against random clicking's 0.16 on the same 700 episodes, 21 minutes of training on
+  a 2-core CPU (docs/study/miniwob/levers.json ``e_copy10``; ``make demo-miniwob`` writes
+  every input).
 - ``qwen2_5_vl_3b`` / ``qwen3_vl_4b``: a real model (set ``model.hf_path``) on demos recorded
   at ``--scale=2`` (320 x 420), GUI-Libra's own system prompt, the release's ASFT settings
   (lr 1e-5, cosine, alpha_a 2, alpha_g 4), batch 32 x 300 steps. Sized for one node of
@@ -118,7 +119,7 @@ def get_config(arg="cpu"):
         c.data.max_length = 384
         c.data.seq_buckets = (256, 384)
         c.data.patch_bucket = 1152       # 8 images x 140 patches
-        c.data.max_pixels = 160 * 210    # the task region at scale 1 (scale-2 demos: 140 x 196 for Qwen2.5-VL, 160 x 192 for Qwen3-VL)
+        c.data.max_pixels = 160 * 210    # scale-2 demos read at 140 x 196 (Qwen2.5-VL) / 160 x 192 (Qwen3-VL)
         if arg != "smoke":
             c.data.mix = "direct"        # issue #19's runs: direct 0.14 macro at 430 steps, mixed 0.04 at 300
             c.data.train_files = (f"{DEMOS}/train.jsonl", f"{DEMOS}/train_copy.jsonl",
