@@ -16,9 +16,10 @@ Recipes (``:arg``):
   variants of every typing step (``launch.copy_variants``) and 4,000 vision-probe screens
   (``launch.vision_probe --kind=click``, large and small boxes), direct-action samples only,
   the demo's short system turn, 7,000 steps of batch 8, lr 3e-3 cosine: 0.37 held-out macro
-  success against random clicking's 0.16 on the same 700 episodes, 21 minutes of training on
-  a 2-core CPU (docs/study/miniwob/levers.json ``e_copy10``; ``make demo-miniwob`` writes
-  every input).
+  success against random clicking's 0.16 on the same 700 episodes with training seed 0 (it
+  learns to copy the instruction's strings), 0.26 with seed 1 (it does not), 21 minutes of
+  training on a 2-core CPU (docs/study/miniwob/levers.json ``e_copy10``, ``e_copy10_s1``;
+  ``make demo-miniwob`` writes every input).
 - ``qwen2_5_vl_3b`` / ``qwen3_vl_4b``: a real model (set ``model.hf_path``) on demos recorded
   at ``--scale=2`` (320 x 420), GUI-Libra's own system prompt, the release's ASFT settings
   (lr 1e-5, cosine, alpha_a 2, alpha_g 4), batch 32 x 300 steps. Sized for one node of
