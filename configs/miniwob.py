@@ -119,7 +119,7 @@ def get_config(arg="cpu"):
         _demo_data(c)
         c.data.max_length = 384
         c.data.seq_buckets = (256, 384)
-        c.data.patch_bucket = 1152       # 8 images x 140 patches
+        c.data.patch_bucket = 1152       # 8 images x 140 patches (Qwen2.5-VL; Qwen3-VL's are 120)
         c.data.max_pixels = 160 * 210    # scale-2 demos read at 140 x 196 (Qwen2.5-VL) / 160 x 192 (Qwen3-VL)
         if arg != "smoke":
             c.data.mix = "direct"        # issue #19's runs: direct 0.14 macro at 430 steps, mixed 0.04 at 300
