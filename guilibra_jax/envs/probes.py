@@ -15,10 +15,11 @@ instruction bar) with one colored box, or three labelled buttons, and asks about
 tokens the ``configs/miniwob.py`` recipes read: a MiniWoB++ button) or ``large``
 (150-220 x 130-200 px); ``label``'s buttons are 80 x 40 px whatever ``box`` says. The
 instruction never names the answer, so a model that does not read the screenshot scores
-at most the best constant answer (the training run's ``eval/constant_baseline_step_acc``). Telling the two apart is the probe's purpose: a
-plumbing defect (images not reaching the model) fails even ``page``; a model that reads
-only the screen's overall statistics passes ``page`` and ``large`` and fails ``small``; one
-that finds buttons but cannot read them scores about 1/3 on ``label``.
+at most the best constant answer (the training run's ``eval/constant_baseline_step_acc``).
+Telling the two apart is the probe's purpose: a plumbing defect (images not reaching the
+model) fails even ``page``; a model that reads only the screen's overall statistics passes
+``page`` and ``large`` and fails ``small``; one that finds buttons but cannot read them
+scores about 1/3 on ``label``.
 """
 
 from __future__ import annotations
