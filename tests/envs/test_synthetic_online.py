@@ -52,11 +52,13 @@ def tokenizer_dir(tmp_path_factory):
     return out
 
 
-def _source(tokenizer_dir, workdir):
+def _source(tokenizer_dir, workdir, workers=None):
     from guilibra_jax.train import model_factory as MF
     from guilibra_jax.train.data_source import prepare_tokenizer
     from guilibra_jax.train.rl.online import OnlinePrompts
     c = smoke_config(tokenizer_dir)
+    if workers:
+        c.rl.online.workers = c.data.batch_size = workers
     tok = prepare_tokenizer(c, str(workdir))
     mc = MF.model_config_of(c, tok)
     return c, mc, OnlinePrompts(c, tok, mc, str(workdir))
@@ -266,3 +268,40 @@ def test_greedy_play_executes_the_policy_greedy_answer_for_each_state(tokenizer_
         played[name] = rec.played
     assert played["greedy"] == played["cold_first"]
     assert len(played["greedy"]) == 2 and all(t for texts in played["greedy"] for t in texts)
+
+
+@pytest.mark.parametrize("play", ["first", "greedy"])
+def test_each_row_steps_and_scores_its_own_slot_when_an_earlier_slot_has_no_prompt(tokenizer_dir, tmp_path, play):
+    """A batch's rows are the slots that have a prompt, in slot order: with slot 0's prompt
+    gone, row r is slot r + 1. The reward of a row and the action its episode executes (the
+    group's first sample, or with rl.online.play=greedy the row's one greedy text) belong to
+    that slot's live state: the expert's answer per row scores 1 in the rollout and, executed,
+    in the world; the same answers one row off do not."""
+    import dataclasses
+    from guilibra_jax.train.rl import rollout as RO
+    c, mc, src = _source(tokenizer_dir, tmp_path, workers=4)
+    next(src)
+    src.results[0] = dataclasses.replace(src.results[0], label=None)   # the expert has no action there
+    batch = next(src)
+    slots = [int(w.split()[1]) for w in batch["where"]]
+    assert slots == list(range(1, len(src.results))) and len(slots) >= 2
+    G = 2
+    ro = RO.expand_groups(batch, G)
+    expert = _expert_texts(src, batch, mc, G)       # the valid rows' groups; the empty last row: ""
+    pad = [""] * (ro.rows - len(expert))
+    shifted = expert[G:] + expert[:G] + pad
+    expert += pad
+    right = RO.score_responses(expert, ro, "grpo", coord_space="resized_pixels").reward
+    off = RO.score_responses(shifted, ro, "grpo", coord_space="resized_pixels").reward
+    np.testing.assert_allclose(right[ro.valid], 1.0)
+    assert off[ro.valid].min() < 1.0                 # the states differ: a misrouted answer is caught
+    wrong = ('<answer>{"action_type": "NavigateHome", "action_description": "home", "value": "None", '
+             '"point_2d": "none"}</answer>')
+    if play == "first":
+        ro.texts = expert
+        src.advance(ro)
+    else:                                            # the sampled groups are wrong; the greedy texts right
+        ro.texts = [wrong] * ro.rows
+        src.advance(ro, expert[:len(slots) * G:G])
+    m = src.metrics()
+    assert m["online/step_reward"] == 1.0 and m["online/abandoned"] == 1
