@@ -153,6 +153,36 @@ def value_match(pred: str | None, gold: str | None, *, rule: Literal["paper", "r
     raise ValueError(f"unknown value rule {rule!r}; expected 'paper' or 'release'")
 
 
+def box_distance(point: Sequence[float], box: Sequence[float]) -> float:
+    """Euclidean distance from ``point`` to the nearest point of ``box`` (0 inside or on it)."""
+    x, y = float(point[0]), float(point[1])
+    x1, y1, x2, y2 = map(float, box)
+    return math.hypot(max(x1 - x, 0.0, x - x2), max(y1 - y, 0.0, y - y2))
+
+
+NEAR_MISS_WEIGHT = 0.5   # a shaped miss earns at most half of a hit (grounding_score)
+
+
+def grounding_score(pred_point: Sequence[float] | None, target: Target, *, point_tolerance: float = 0.05,
+                    strict_box: bool = False, sigma: float = 0.0) -> float:
+    """1 when :func:`grounding_match`; else 0, or with ``sigma`` > 0 (unit space) the shaped
+    credit of a near miss, ``NEAR_MISS_WEIGHT * exp(-d^2 / (2 sigma^2))`` where d is the
+    point's distance to the demo box (to the tolerance disc around the demo point when only
+    a point is known). Not the paper's reward (binary); a miss never reaches 1."""
+    if grounding_match(pred_point, target, point_tolerance=point_tolerance, strict_box=strict_box):
+        return 1.0
+    if sigma <= 0 or pred_point is None or len(pred_point) != 2 \
+            or not all(math.isfinite(float(v)) for v in pred_point):
+        return 0.0
+    if target.bbox is not None:
+        d = box_distance(pred_point, target.bbox)
+    elif target.point is not None:
+        d = max(point_distance(pred_point, target.point) - point_tolerance, 0.0)
+    else:
+        return 0.0
+    return NEAR_MISS_WEIGHT * math.exp(-0.5 * (d / sigma) ** 2)
+
+
 def grounding_match(pred_point: Sequence[float] | None, target: Target, *,
                     point_tolerance: float = 0.05, strict_box: bool = False) -> bool:
     """Point (unit space) inside the demo box, or within ``point_tolerance`` of the
@@ -167,7 +197,7 @@ def grounding_match(pred_point: Sequence[float] | None, target: Target, *,
 
 
 def _accuracy_parts(action: A.Action, unit_point, target: Target, value_rule: str,
-                    point_tolerance: float) -> tuple[float, float, float]:
+                    point_tolerance: float, grounding_sigma: float = 0.0) -> tuple[float, float, float]:
     r_act = float(action.action_type == target.action_type)
     if value_rule == "release":
         check_value = target.action_type in RELEASE_VALUE_TYPES
@@ -179,8 +209,8 @@ def _accuracy_parts(action: A.Action, unit_point, target: Target, value_rule: st
     has_geometry = target.bbox is not None or target.point is not None
     r_g = 1.0
     if check_point and has_geometry:
-        r_g = float(grounding_match(unit_point, target, point_tolerance=point_tolerance,
-                                    strict_box=value_rule == "release"))
+        r_g = grounding_score(unit_point, target, point_tolerance=point_tolerance,
+                              strict_box=value_rule == "release", sigma=grounding_sigma)
     return r_act, r_val, r_g
 
 
@@ -234,7 +264,8 @@ def guilibra_reward(response_text: str, target: Target, *, coord_space: str = "n
                     resized_size: Sequence[int] | None = None, w_fmt: float = 0.1,
                     value_rule: Literal["paper", "release"] = "paper",
                     point_tolerance: float = 0.05, format_rule: Literal["paper", "release"] = "paper",
-                    think_tag: str = "think", think_opened: bool = False) -> GuiLibraReward:
+                    think_tag: str = "think", think_opened: bool = False,
+                    grounding_sigma: float = 0.0) -> GuiLibraReward:
     """GUI-Libra step reward of one response against its demo.
 
     coord_space: the space the model writes point_2d in ("norm1000" for Qwen3-VL,
@@ -244,7 +275,9 @@ def guilibra_reward(response_text: str, target: Target, *, coord_space: str = "n
     ``actions.parse_response``) or "release" (:func:`release_format_score`, which needs
     ``think_tag``: "think" for Qwen2.5-VL, "thinking" for Qwen3-VL, and uses
     ``target.is_grounding``). think_opened: the prompt opened the think block, so the
-    response may lack its opening tag (it is put back before scoring).
+    response may lack its opening tag (it is put back before scoring). grounding_sigma:
+    0 (the paper: a point scores 1 inside the demo box, else 0) or the width of
+    :func:`grounding_score`'s credit for near misses (accuracy stays below 1 on a miss).
     Alternatives in ``target`` are tried when the main label does not give accuracy 1.
     Never raises on any response string.
     """
@@ -263,7 +296,7 @@ def guilibra_reward(response_text: str, target: Target, *, coord_space: str = "n
             unit_point = A.to_unit(parsed.action.point_2d, coord_space,
                                    image_size=target.image_size, resized_size=resized_size)
         for label in (target, *target.alternatives):
-            parts = _accuracy_parts(parsed.action, unit_point, label, value_rule, point_tolerance)
+            parts = _accuracy_parts(parsed.action, unit_point, label, value_rule, point_tolerance, grounding_sigma)
             if math.prod(parts) > math.prod(best) or (math.prod(best) == 0 and sum(parts) > sum(best)):
                 best = parts
             if math.prod(best) == 1.0:

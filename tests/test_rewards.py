@@ -75,6 +75,31 @@ def test_guilibra_point_only_target_uses_normalised_distance():
     assert R.guilibra_reward(answer("Click", point=(540, 540)), t).grounding == 0.0  # d = 0.0566
 
 
+@pytest.mark.parametrize("point,d", [((700, 500), 0.1), ((800, 700), math.hypot(0.2, 0.1)), ((600, 650), 0.05),
+                                     ((0, 0), math.hypot(0.4, 0.4))])
+def test_shaped_grounding_is_a_gaussian_of_the_distance_to_the_box(point, d):
+    """rl.reward.grounding_sigma: a miss earns 0.5 exp(-d^2 / 2 sigma^2), d measured by hand
+    from the point to CLICK's box [0.4, 0.6]^2; the pass (accuracy 1) stays a hit only, and
+    sigma 0 is the paper's binary reward."""
+    text = answer("Click", point=point)
+    r = R.guilibra_reward(text, CLICK, coord_space="norm1000", grounding_sigma=0.1)
+    assert math.isclose(r.grounding, 0.5 * math.exp(-0.5 * (d / 0.1) ** 2), rel_tol=1e-9)
+    assert r.accuracy == r.grounding < 0.5 and math.isclose(r.total, 0.1 + 0.9 * r.grounding)
+    assert R.guilibra_reward(text, CLICK, coord_space="norm1000").grounding == 0.0
+    hit = R.guilibra_reward(answer("Click", point=(450, 590)), CLICK, coord_space="norm1000", grounding_sigma=0.1)
+    assert hit.accuracy == 1.0
+    wrong_type = R.guilibra_reward(answer("LongPress", point=point), CLICK, coord_space="norm1000",
+                                   grounding_sigma=0.1)
+    assert wrong_type.accuracy == 0.0                       # shaping never rescues a wrong action type
+
+
+def test_shaped_grounding_on_a_point_only_target_starts_at_the_tolerance():
+    t = R.Target("Click", point=(0.5, 0.5), image_size=(1000, 1000))
+    assert R.guilibra_reward(answer("Click", point=(530, 540)), t, grounding_sigma=0.1).grounding == 1.0
+    r = R.guilibra_reward(answer("Click", point=(600, 500)), t, grounding_sigma=0.1)   # 0.1 from the point
+    assert math.isclose(r.grounding, 0.5 * math.exp(-0.5 * (0.05 / 0.1) ** 2), rel_tol=1e-9)
+
+
 def test_guilibra_resized_pixel_space_for_qwen2_5():
     image = (1080, 2400)
     resized = A.resized_size_for(image, "qwen2_5_vl")
@@ -235,3 +260,18 @@ def test_rewards_never_raise_and_stay_in_range(text):
         assert v in (0.0, 1.0)
     assert 0.0 <= r.total <= 1.0
     assert R.mopd_reward(text, MOBILE_CLICK) in (1.0, -0.5, -1.0)
+
+
+def test_the_trainers_reward_phase_reads_rl_reward_grounding_sigma():
+    from types import SimpleNamespace
+    import numpy as np
+    from guilibra_jax.train import config as run_config
+    from guilibra_jax.train.rl import phases as PH
+    c = run_config.base_config()
+    ro = SimpleNamespace(texts=[answer("Click", point=(700, 500))], targets=[CLICK], valid=np.array([True]),
+                         resized_size=[None])
+    s = SimpleNamespace(rl=c.rl, method="grpo", model_config=SimpleNamespace(family="qwen3_vl"), think_opened=False)
+    assert PH.reward(s, ro).parts["grounding"][0] == 0.0
+    c.rl.reward.grounding_sigma = 0.1
+    scored = PH.reward(s, ro)
+    assert math.isclose(scored.parts["grounding"][0], 0.5 * math.exp(-0.5), rel_tol=1e-6) and not scored.success[0]

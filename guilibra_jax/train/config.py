@@ -246,6 +246,9 @@ KEYS: dict[str, Key] = {
     "rl.reward.point_tolerance": Key(0.05, K.number(0),
                                      "GRPO: a point this close to the demo point counts when the demo has no box "
                                      "(unit space: [0, 1] of the image side)"),
+    "rl.reward.grounding_sigma": Key(0.0, K.number(0),
+                                     "GRPO: 0 = the paper's binary grounding; > 0 = a missed point earns "
+                                     "0.5 * exp(-d^2 / (2 sigma^2)), d its distance to the demo box (unit space)"),
     "rl.reward.format_rule": Key("paper", K.one_of(*CH.REWARD_RULES),
                                  "GRPO format reward: paper (parses) | release (r1gui.py)"),
     "rl.reward.mopd_rule": Key("strict", K.one_of(*CH.MOPD_REWARD_RULES),

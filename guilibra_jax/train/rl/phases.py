@@ -77,7 +77,7 @@ def reward(s: Stage2, ro: RO.Rollout) -> RO.Scored:
                               w_fmt=rw.w_fmt, value_rule=rw.value_rule, point_tolerance=rw.point_tolerance,
                               format_rule=rw.format_rule, think_opened=s.think_opened,
                               think_tag=A.THINK_TAG[s.model_config.family], mopd_rule=rw.mopd_rule,
-                              check_tool_name=rw.check_tool_name)
+                              check_tool_name=rw.check_tool_name, grounding_sigma=rw.grounding_sigma)
 
 
 @dataclasses.dataclass

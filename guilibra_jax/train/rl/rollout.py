@@ -298,9 +298,10 @@ class Scored:
 def score_responses(texts: Sequence[str], ro: Rollout, method: str, *, coord_space: str = "resized_pixels",
                     w_fmt: float = 0.1, value_rule: str = "paper", point_tolerance: float = 0.05,
                     format_rule: str = "paper", think_tag: str = "think", think_opened: bool = False,
-                    mopd_rule: str = "strict", check_tool_name: bool | None = None) -> Scored:
+                    mopd_rule: str = "strict", check_tool_name: bool | None = None,
+                    grounding_sigma: float = 0.0) -> Scored:
     """Rewards of decoded responses: ``rewards.guilibra_reward`` (method "grpo"; its
-    value_rule, point_tolerance, format_rule with the family's think_tag) or
+    value_rule, point_tolerance, format_rule with the family's think_tag, grounding_sigma) or
     ``rewards.mopd_reward`` ("mopd"; its rule = mopd_rule, check_tool_name). think_opened:
     the prompts opened the think block (Thinking chat templates). Invalid rows score 0
     and never succeed."""
@@ -316,7 +317,8 @@ def score_responses(texts: Sequence[str], ro: Rollout, method: str, *, coord_spa
         if method == "grpo":
             r = R.guilibra_reward(text, target, coord_space=coord_space, resized_size=ro.resized_size[i],
                                   w_fmt=w_fmt, value_rule=value_rule, point_tolerance=point_tolerance,
-                                  format_rule=format_rule, think_tag=think_tag, think_opened=think_opened)
+                                  format_rule=format_rule, think_tag=think_tag, think_opened=think_opened,
+                                  grounding_sigma=grounding_sigma)
             reward[i], success[i] = r.total, r.accuracy >= 1.0
             for k in names:
                 parts[k][i] = getattr(r, k)
