@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import logging
 import math
 import os
 import sys
@@ -756,8 +757,25 @@ def _frozen_spec_ok(spec: str) -> bool:
     return os.path.isdir(spec)
 
 
+# rl.reward keys each trainer ignores: GRPO scores GUI-Libra answers, MOPD tool calls.
+INERT_REWARD_KEYS = {"mopd": ("w_fmt", "value_rule", "point_tolerance", "grounding_sigma", "format_rule"),
+                     "grpo": ("mopd_rule", "check_tool_name")}
+
+
+def inert_reward_keys(c) -> list[str]:
+    """The rl.reward keys set away from their default that c.method's reward does not read
+    (a GRPO recipe switched to method=mopd keeps its GUI-Libra reward settings, unused)."""
+    return [f"rl.reward.{name}" for name in INERT_REWARD_KEYS.get(c.method, ())
+            if c.rl.reward[name] != KEYS[f"rl.reward.{name}"].default]
+
+
 def _check_rl(c, known: Known) -> None:
     r = c.rl
+    for key in inert_reward_keys(c):
+        logging.warning("config: %s = %r has no effect with method=%r (its reward is %s)", key,
+                        r.reward[key.rsplit(".", 1)[1]], c.method,
+                        "the tool-call reward, rl.reward.mopd_rule" if c.method == "mopd" else
+                        "GUI-Libra's, rl.reward.w_fmt / value_rule / format_rule / grounding_sigma")
     if r.old_logprobs == "sampler" and (r.top_p < 1.0 or r.top_k):
         _fail("rl.old_logprobs", r.old_logprobs, f"auto or recompute when sampling is truncated (rl.top_p = "
               f"{r.top_p}, rl.top_k = {r.top_k}): the sampler's log-probs are then not the policy's")

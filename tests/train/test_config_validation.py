@@ -189,6 +189,22 @@ def test_recipes_pass_validation():
     assert checked == 8
 
 
+def test_reward_keys_the_method_does_not_read_are_named_and_recipes_set_none():
+    """A GRPO recipe switched to method=mopd keeps its GUI-Libra reward keys: each is named
+    (with the warning logged); MOPD's rule under GRPO likewise; defaults name nothing."""
+    import importlib
+    c = importlib.import_module("configs.grpo_demo").get_config("smoke")
+    assert C.inert_reward_keys(c) == []
+    c.rl.reward.mopd_rule = "release"
+    assert C.inert_reward_keys(c) == ["rl.reward.mopd_rule"]
+    c.rl.reward.mopd_rule = "strict"
+    c.method, c.data.method, c.rl.reward.grounding_sigma = "mopd", "mopd", 0.1
+    assert C.inert_reward_keys(c) == ["rl.reward.value_rule", "rl.reward.grounding_sigma"]   # value_rule: the recipe's
+    for name, arg in [("mopd", None), ("mopd_demo", "smoke"), ("guilibra_grpo", "qwen2_5_vl_7b")]:
+        module = importlib.import_module(f"configs.{name}")
+        assert C.inert_reward_keys(module.get_config(arg) if arg else module.get_config()) == [], name
+
+
 def test_constants_mirrored_from_heavy_modules_agree():
     from guilibra_jax.data.demo_tokenizer import QWEN_SPECIAL_TOKENS
     assert C.DEMO_MIN_VOCAB == len(QWEN_SPECIAL_TOKENS) + 256
