@@ -140,3 +140,32 @@ def test_step_benchmark_with_torch_compile(tmp_path):
 
     res = step.main(["--model=tiny", "--seq=64", "--image=56", "--steps=1", "--mesh=1,1,1", f"--out_dir={tmp_path}"])
     assert res["parity"]["torch_compile"]["ok"] and res["sides"]["torch_compile"]["torch_compile"]
+
+
+def test_op_profile_counts_each_compiled_dot_and_puts_vocabulary_dots_in_the_head():
+    """The HLO parser against XLA's own optimized text: every dot's FLOPs (2 x output x
+    contracted) found on the op that runs it, the vocabulary-sized one as the head; and the
+    summary of thunk events per step."""
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks import op_profile as P
+
+    def f(h, w, a, b):
+        return jnp.tanh(h @ w.T).sum(), (a @ b).sum()
+
+    args = (jnp.ones((8, 16)), jnp.ones((40_000, 16)), jnp.ones((24, 32)), jnp.ones((32, 48)))
+    ops = P.hlo_ops(jax.jit(f).lower(*args).compile().as_text())
+    dots = {name: op for name, op in ops.items() if op["flops"]}
+    assert sorted(op["flops"] for op in dots.values()) == [2 * 24 * 48 * 32, 2 * 8 * 40_000 * 16]
+    assert {P.category(n, op) for n, op in dots.items()} == {"dot", "head dot"}
+    head = next(n for n, op in dots.items() if op["vocab"])
+    events = [{"ph": "X", "name": head, "dur": 2e6}, {"ph": "X", "name": head, "dur": 4e6},
+              {"ph": "X", "name": "not-an-op", "dur": 9e6}]
+    out = P.summarize(events, ops, steps=2, top=5)
+    assert out["categories"] == {"head dot": {"s_per_step": 3.0, "gflop_per_step": 0.01,
+                                              "gflop_per_s": round(2 * 8 * 40_000 * 16 / 1e9 / 3.0, 1)}}
+    assert out["top_ops"][0]["op"] == head and out["top_ops"][0]["runs_per_step"] == 1
+    overlapping = [{"ph": "X", "name": head, "ts": 0, "dur": 4e6}, {"ph": "X", "name": head, "ts": 1e6, "dur": 1e6},
+                   {"ph": "X", "name": head, "ts": 6e6, "dur": 2e6}]
+    assert P.summarize(overlapping, ops, steps=2, top=1)["ops_busy_s_per_step"] == 3.0   # (4 + 2) s over 2 steps
