@@ -169,3 +169,16 @@ def test_op_profile_counts_each_compiled_dot_and_puts_vocabulary_dots_in_the_hea
     overlapping = [{"ph": "X", "name": head, "ts": 0, "dur": 4e6}, {"ph": "X", "name": head, "ts": 1e6, "dur": 1e6},
                    {"ph": "X", "name": head, "ts": 6e6, "dur": 2e6}]
     assert P.summarize(overlapping, ops, steps=2, top=1)["ops_busy_s_per_step"] == 3.0   # (4 + 2) s over 2 steps
+
+
+def test_dot_backends_times_each_shape_on_each_side_and_writes_results(tmp_path):
+    from benchmarks import dot_backends
+
+    res = dot_backends.main(["--rounds=1", "--repeats=1", "--positions=8", "--hidden=32", "--vocab=512", "--rows=4",
+                             "--square=64", f"--out_dir={tmp_path}", "--loaded"])
+    assert len(list(tmp_path.glob("dot_backends-*.json"))) == 1
+    assert set(res["gflop_per_s"]) == {"xla_ynn", "xla_eigen", "torch"}
+    assert res["shapes"]["head_grad_h"] == {"lhs": [8, 512], "rhs": [512, 32], "flops": 2 * 8 * 512 * 32}
+    assert all(v > 0 for side in res["gflop_per_s"].values() for v in side.values())
+    assert set(res["over_torch"]) == {"xla_ynn", "xla_eigen"}
+    _provenance(res)
