@@ -145,13 +145,20 @@ def test_a_click_renders_alike_in_a_fresh_browser_and_after_other_episodes(brows
     def clicked(b):
         env, _ = _env(b, "click-button", seed=1)
         return list(env.step(click, coord_space="resized_pixels", resized_size=(140, 196))[0].screenshot.getdata())
-    fresh = Browser(scale=SCALE)
-    try:
-        first = clicked(fresh)
-    finally:
-        fresh.close()
-    clicked(browser)         # leaves the pointer over the page of the next episode (without the reset)
-    assert clicked(browser) == first
+    def same() -> bool:
+        fresh = Browser(scale=SCALE)
+        try:
+            first = clicked(fresh)
+        finally:
+            fresh.close()
+        clicked(browser)     # leaves the pointer over the page of the next episode (without the reset)
+        return clicked(browser) == first
+
+    # Without the reset both comparisons differ (3 of 3 runs, checked). With it the pages are equal,
+    # but now and then one pixel comes out a few grey levels off (one full-suite run at 441f651 and
+    # one of three runs of this test alone; cause not established): a second comparison tells that
+    # from a regression.
+    assert same() or same()
 
 
 def test_a_focused_field_renders_alike_whenever_it_is_captured(browser):
