@@ -39,43 +39,35 @@ def shapes(p: int, d: int, v: int, rows: int, n: int) -> dict:
             "square": ((n, n), (n, n), 2 * n ** 3)}
 
 
+# each shape's product, the same expression on torch tensors and JAX arrays
+PRODUCTS = {"head_forward": lambda a, b: a @ b.T, "head_grad_h": lambda a, b: a @ b,
+            "head_grad_w": lambda a, b: a.T @ b, "decode_head": lambda a, b: a @ b.T, "square": lambda a, b: a @ b}
+
+
 def run_side(side: str, args) -> dict:
-    """In this process: each shape's median seconds over args.repeats calls."""
+    """In this process: each shape's median seconds over args.repeats calls after a warm one."""
     import numpy as np
 
     rng = np.random.default_rng(0)
-    table = shapes(args.positions, args.hidden, args.vocab, args.rows, args.square)
-    out = {}
-    if side == "torch":
+    if side == "torch":   # CPU torch returns when the product is done
         import torch
 
         torch.set_num_threads(os.cpu_count())
-        ops = {"head_forward": lambda a, b: a @ b.T, "head_grad_h": lambda a, b: a @ b,
-               "head_grad_w": lambda a, b: a.T @ b, "decode_head": lambda a, b: a @ b.T, "square": lambda a, b: a @ b}
-        for name, (ls, rs, _) in table.items():
-            a, b = (torch.from_numpy(rng.standard_normal(s, dtype=np.float32)) for s in (ls, rs))
-            f = ops[name]
-            f(a, b)
-            times = []
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                f(a, b)
-                times.append(time.perf_counter() - t0)
-            out[name] = float(np.median(times))
-        return out
-    import jax
-    import jax.numpy as jnp
+        array, compile_, sync = torch.from_numpy, (lambda f: f), (lambda x: x)
+    else:
+        import jax
+        import jax.numpy as jnp
 
-    ops = {"head_forward": lambda a, b: a @ b.T, "head_grad_h": lambda a, b: a @ b,
-           "head_grad_w": lambda a, b: a.T @ b, "decode_head": lambda a, b: a @ b.T, "square": lambda a, b: a @ b}
-    for name, (ls, rs, _) in table.items():
-        a, b = (jnp.asarray(rng.standard_normal(s, dtype=np.float32)) for s in (ls, rs))
-        f = jax.jit(ops[name])
-        jax.block_until_ready(f(a, b))
+        array, compile_, sync = jnp.asarray, jax.jit, jax.block_until_ready
+    out = {}
+    for name, (ls, rs, _) in shapes(args.positions, args.hidden, args.vocab, args.rows, args.square).items():
+        a, b = (array(rng.standard_normal(s, dtype=np.float32)) for s in (ls, rs))
+        f = compile_(PRODUCTS[name])
+        sync(f(a, b))
         times = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
-            jax.block_until_ready(f(a, b))
+            sync(f(a, b))
             times.append(time.perf_counter() - t0)
         out[name] = float(np.median(times))
     return out

@@ -130,10 +130,11 @@ def summarize(events: list[dict], ops: dict, steps: int, top: int) -> dict:
     for name, s in per_op.items():
         op = ops[name]
         flops = (op["flops"] or 0) * calls[name] / steps
-        c = cats[category(name, op)]
+        kind = category(name, op)
+        c = cats[kind]
         c["s_per_step"] += s
         c["gflop_per_step"] += flops / 1e9
-        rows.append({"op": name, "category": category(name, op), "s_per_step": round(s, 4),
+        rows.append({"op": name, "category": kind, "s_per_step": round(s, 4),
                      "gflop_per_step": round(flops / 1e9, 2),
                      "gflop_per_s": round(flops / 1e9 / s, 1) if flops and s else None,
                      "runs_per_step": calls[name] / steps, "shape": op["shape"][:60], "op_name": op["op_name"][-120:]})
