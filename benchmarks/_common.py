@@ -179,15 +179,17 @@ def add_result_args(p) -> None:
                         "the run: above a quarter of the cores)")
 
 
-def measure_matmul_peak(n: int | None = None, repeats: int = 3) -> float:
+def measure_matmul_peak(n: int | None = None, repeats: int = 3, dtype: str | None = None) -> float:
     """This machine's JAX matmul FLOP/s: the best of ``repeats`` n x n products (2 n^3 FLOPs)
-    after a warm-up; float32 on CPU (n = 2048), bfloat16 on accelerators (n = 8192)."""
+    after a warm-up; in ``dtype`` (default: float32 on CPU, n = 2048; bfloat16 on accelerators,
+    n = 8192). A CPU run in bfloat16 passes dtype="bfloat16": its peak (AMX / AVX512-BF16 where
+    the CPU has them) is not float32's."""
     import jax
     import jax.numpy as jnp
 
     on_acc = jax.default_backend() != "cpu"
     n = n or (8192 if on_acc else 2048)
-    dt = jnp.bfloat16 if on_acc else jnp.float32
+    dt = jnp.dtype(dtype) if dtype else (jnp.bfloat16 if on_acc else jnp.float32)
     a = jax.random.normal(jax.random.key(0), (n, n), dt)
     b = jax.random.normal(jax.random.key(1), (n, n), dt)
     f = jax.jit(lambda x, y: x @ y)

@@ -4,7 +4,7 @@ runs which shape well.
   python -m benchmarks.dot_backends                      # bench100m's head, 3 interleaved rounds
   python -m benchmarks.dot_backends --rounds=1 --positions=16 --vocab=4096 --out_dir=   # smoke
 
-Shapes (float32; P head positions, D hidden, V vocabulary; benchmarks.op_profile found the two
+Shapes (--dtype, float32 by default; P head positions, D hidden, V vocabulary; benchmarks.op_profile found the two
 gradient dots of the ASFT step's head far below its forward):
   head_forward    [P, D] x [V, D]^T -> [P, V]      logits
   head_grad_h     [P, V] x [V, D]   -> [P, D]      the gradient to the hidden states (contracts V)
@@ -14,7 +14,11 @@ gradient dots of the ASFT step's head far below its forward):
 Sides, each a fresh process per round (XLA reads XLA_FLAGS at start), in an order that rotates:
   xla_ynn    XLA's default (YNNPACK dots)
   xla_eigen  --xla_cpu_experimental_ynn_fusion_type= (YNN off: Eigen's dots)
+  xla_onednn --xla_cpu_use_onednn=true --xla_cpu_experimental_onednn_fusion_type=dot, YNN off
+             (oneDNN's dots; on AMD EPYC this jaxlib dies of SIGILL: a side that fails is
+             recorded with its exit status and left out of the table)
   torch      torch.matmul (MKL / oneDNN) with all cores
+--sides picks some of them (torch always runs: the ratios are to it).
 Each side times every shape --repeats times after one warm call and reports the median; the JSON
 holds each side's median over rounds in GFLOP/s and the ratios to torch.
 Writes benchmarks/results/dot_backends-<machine>.json (see --out_dir).
@@ -28,7 +32,10 @@ import subprocess
 import sys
 import time
 
-SIDES = {"xla_ynn": "", "xla_eigen": "--xla_cpu_experimental_ynn_fusion_type=", "torch": None}
+ONEDNN_FLAGS = "--xla_cpu_use_onednn=true --xla_cpu_experimental_onednn_fusion_type=dot " \
+               "--xla_cpu_experimental_ynn_fusion_type="
+SIDES = {"xla_ynn": "", "xla_eigen": "--xla_cpu_experimental_ynn_fusion_type=", "xla_onednn": ONEDNN_FLAGS,
+         "torch": None}
 
 
 def shapes(p: int, d: int, v: int, rows: int, n: int) -> dict:
@@ -53,12 +60,14 @@ def run_side(side: str, args) -> dict:
         import torch
 
         torch.set_num_threads(os.cpu_count())
-        array, compile_, sync = torch.from_numpy, (lambda f: f), (lambda x: x)
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+        array, compile_, sync = (lambda x: torch.from_numpy(x).to(dtype)), (lambda f: f), (lambda x: x)
     else:
         import jax
         import jax.numpy as jnp
 
-        array, compile_, sync = jnp.asarray, jax.jit, jax.block_until_ready
+        dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[args.dtype]
+        array, compile_, sync = (lambda x: jnp.asarray(x, dtype)), jax.jit, jax.block_until_ready
     out = {}
     for name, (ls, rs, _) in shapes(args.positions, args.hidden, args.vocab, args.rows, args.square).items():
         a, b = (array(rng.standard_normal(s, dtype=np.float32)) for s in (ls, rs))
@@ -80,6 +89,10 @@ def parse_args(argv=None):
     p.add_argument("--vocab", type=int, default=151_936)
     p.add_argument("--rows", type=int, default=64, help="R: decode rows (the sampler benchmark's 8 x 8)")
     p.add_argument("--square", type=int, default=2048)
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="both operands and the product (bfloat16: AMX / AVX512-BF16 where the CPU has them)")
+    p.add_argument("--sides", default=",".join(s for s in SIDES if s != "torch"),
+                   help=f"comma-separated XLA sides of {[s for s in SIDES if s != 'torch']} (torch always runs)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--side", default="", help=argparse.SUPPRESS)   # a worker process: time one side, print JSON
@@ -99,34 +112,48 @@ def main(argv=None) -> dict:
     from benchmarks import _common as C
 
     start = C.run_start()
-    names = list(SIDES)
+    chosen = [s for s in args.sides.split(",") if s]
+    unknown = sorted(set(chosen) - set(SIDES) | ({"torch"} & set(chosen)))
+    if unknown:
+        raise SystemExit(f"--sides: unknown or not an XLA side: {unknown}; choose from {[s for s in SIDES if s != 'torch']}")
+    names = [*chosen, "torch"]
     seconds = {s: [] for s in names}
+    failed = {}
     for r in range(args.rounds):
         for side in names[r % len(names):] + names[:r % len(names)]:
+            if side in failed:
+                continue
             env = dict(os.environ)
             if SIDES[side] is not None:
                 env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {SIDES[side]}".strip()
             cmd = [sys.executable, "-m", "benchmarks.dot_backends", f"--side={side}", *argv]
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
             if done.returncode:
-                raise RuntimeError(f"side {side} exited {done.returncode}: {done.stderr[-2000:]}")
+                if side == "torch":
+                    raise RuntimeError(f"side torch exited {done.returncode}: {done.stderr[-2000:]}")
+                failed[side] = {"returncode": done.returncode, "stderr_tail": done.stderr[-400:]}
+                print(f"[dot_backends] side {side} failed (exit {done.returncode}); left out", flush=True)
+                continue
             seconds[side].append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(f"[dot_backends] round {r} done", flush=True)
     table = shapes(args.positions, args.hidden, args.vocab, args.rows, args.square)
-    gflops = {s: {n: round(table[n][2] / float(np.median([x[n] for x in seconds[s]])) / 1e9, 1) for n in table}
+    names = [s for s in names if s not in failed]
+    gflops = {s: {n: round(table[n][2] / float(np.median([x[n] for x in seconds[s]])) / 1e9, 3) for n in table}
               for s in names}
-    result = {"benchmark": "dot_backends", "dtype": "float32",
+    result = {"benchmark": "dot_backends", "dtype": args.dtype,
               "shapes": {n: {"lhs": list(ls), "rhs": list(rs), "flops": fl} for n, (ls, rs, fl) in table.items()},
-              "sides": {s: f"XLA_FLAGS={f!r}" if f is not None else "torch.matmul" for s, f in SIDES.items()},
+              "sides": {s: f"XLA_FLAGS={SIDES[s]!r}" if SIDES[s] is not None else "torch.matmul" for s in names},
+              "failed_sides": failed,
               "rounds": args.rounds, "repeats": args.repeats, "gflop_per_s": gflops,
               "over_torch": {s: {n: round(gflops[s][n] / gflops["torch"][n], 3) for n in table}
                              for s in names if s != "torch"},
-              "seconds": seconds,
+              "seconds": {s: seconds[s] for s in names},
               "timing": "each side a fresh process per round, rounds in a rotating order; per shape the median of "
                         "--repeats calls after a warm one, then the median over rounds"}
     for s in names:
         print(f"[dot_backends] {s:10s} " + " ".join(f"{n} {gflops[s][n]:.0f}" for n in table), flush=True)
-    return C.report("dot_backends", "dot_backends", result, args, start)
+    name = "dot_backends" if args.dtype == "float32" else f"dot_backends-{args.dtype}"
+    return C.report("dot_backends", name, result, args, start)
 
 
 if __name__ == "__main__":

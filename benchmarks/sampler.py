@@ -301,7 +301,7 @@ def main(argv=None) -> dict:
                               - (0 if cfg.tie_word_embeddings else groups["head"]))
     patches = sum(int(np.prod(g)) for _, g, _ in prompts)
     fl = sampler_flops(groups, cfg, len(prompts), args.prompt_len, args.max_new_tokens, patches)
-    peak = C.measure_matmul_peak()
+    peak = C.measure_matmul_peak(dtype=args.dtype)
     bandwidth = C.measure_memory_bandwidth()
     decode_s = step_s["jax"] - step_s["jax_prefill"]
     weight_bytes = (groups["decoder_body"] + groups["head"]) * jnp.dtype(DTYPES[args.param_dtype or args.dtype]).itemsize

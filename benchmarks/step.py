@@ -41,7 +41,7 @@ JAX side computes the head: the longest row's loss count rounded up by the chunk
   model_flops        = backbone + 6 * head params * L_loss   (what the loss needs: MFU)
   executed flops     = backbone + 6 * head params * L_exec (JAX) or * B * T (transformers: full logits)
 flops_utilisation = executed flops / (step time * peak), with peak this machine's measured JAX
-matmul FLOP/s (2 n^3 / time, float32 on CPU) and, on a known accelerator, its nominal bf16 peak.
+matmul FLOP/s (2 n^3 / time, in the run's dtype on CPU) and, on a known accelerator, its nominal bf16 peak.
 
 XLA flag sets (--xla_variants "name=FLAGS;name2=FLAGS2"): each becomes one more JAX side, "jax:name",
 in its own process started with XLA_FLAGS=FLAGS (appended to the environment's), interleaved with
@@ -223,7 +223,7 @@ class JaxSide:
                 "compile_s": round(self.compile_s, 2), "logits_chunk": self.args.logits_chunk,
                 "host_prep_s": round(float(np.median(self.prep_times[1:] or self.prep_times)), 5),
                 "memory_analysis": mem, "device_peak_bytes": st.get("peak_bytes_in_use"),
-                "host_maxrss_bytes": rss_bytes(), "measured_peak_flops": C.measure_matmul_peak(),
+                "host_maxrss_bytes": rss_bytes(), "measured_peak_flops": C.measure_matmul_peak(dtype=self.args.dtype),
                 "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 

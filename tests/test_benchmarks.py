@@ -174,11 +174,20 @@ def test_op_profile_counts_each_compiled_dot_and_puts_vocabulary_dots_in_the_hea
 def test_dot_backends_times_each_shape_on_each_side_and_writes_results(tmp_path):
     from benchmarks import dot_backends
 
-    res = dot_backends.main(["--rounds=1", "--repeats=1", "--positions=8", "--hidden=32", "--vocab=512", "--rows=4",
-                             "--square=64", f"--out_dir={tmp_path}", "--loaded"])
+    small = ["--rounds=1", "--repeats=1", "--positions=8", "--hidden=32", "--vocab=512", "--rows=4", "--square=64",
+             f"--out_dir={tmp_path}", "--loaded"]
+    res = dot_backends.main([*small, "--sides=xla_ynn,xla_eigen"])
     assert len(list(tmp_path.glob("dot_backends-*.json"))) == 1
     assert set(res["gflop_per_s"]) == {"xla_ynn", "xla_eigen", "torch"}
     assert res["shapes"]["head_grad_h"] == {"lhs": [8, 512], "rhs": [512, 32], "flops": 2 * 8 * 512 * 32}
     assert all(v > 0 for side in res["gflop_per_s"].values() for v in side.values())
     assert set(res["over_torch"]) == {"xla_ynn", "xla_eigen"}
     _provenance(res)
+    # bfloat16 on the oneDNN side: it runs, or (a CPU this jaxlib's oneDNN cannot run on) it is
+    # recorded as failed with its exit status and left out of the table, never silently dropped
+    res = dot_backends.main([*small, "--sides=xla_onednn", "--dtype=bfloat16"])
+    assert res["dtype"] == "bfloat16" and len(list(tmp_path.glob("dot_backends-bfloat16-*.json"))) == 1
+    assert set(res["gflop_per_s"]) | set(res["failed_sides"]) == {"xla_onednn", "torch"}
+    assert all(isinstance(f["returncode"], int) and f["returncode"] != 0 for f in res["failed_sides"].values())
+    with pytest.raises(SystemExit, match="unknown or not an XLA side"):
+        dot_backends.main([*small, "--sides=xla_ynn,torch"])
