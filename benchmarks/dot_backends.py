@@ -21,7 +21,7 @@ Sides, each a fresh process per round (XLA reads XLA_FLAGS at start), in an orde
 --sides picks some of them (torch always runs: the ratios are to it).
 Each side times every shape --repeats times after one warm call and reports the median; the JSON
 holds each side's median over rounds in GFLOP/s and the ratios to torch.
-Writes benchmarks/results/dot_backends-<machine>.json (see --out_dir).
+Writes benchmarks/results/dot_backends[-bfloat16]-<machine>.json (see --out_dir).
 """
 from __future__ import annotations
 

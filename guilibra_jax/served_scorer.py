@@ -359,8 +359,9 @@ class ServedScorer:
             return [None] * len(seqs)
         n = self.rows_per_request
         parts = [(seqs[i:i + n], n_prompt[i:i + n], i) for i in range(0, len(seqs), n)]
+        stop = threading.Event()   # set by a ConfigError: the requests not yet sent are not sent
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(parts))) as pool:
-            results = list(pool.map(lambda part: self._request(*part), parts))
+            results = list(pool.map(lambda part: self._request(*part, stop=stop), parts))
         return [row for rows in results for row in rows]
 
     def score_chat(self, rows: Sequence[ChatRow]) -> list:
@@ -373,11 +374,14 @@ class ServedScorer:
         if self.model() is None:
             self._count("failed_requests")
             return [None] * len(rows)
+        stop = threading.Event()   # set by a ConfigError: the requests not yet sent are not sent
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(rows))) as pool:
-            return list(pool.map(self._chat_request, rows, range(len(rows))))
+            return list(pool.map(lambda row, i: self._chat_request(row, i, stop), rows, range(len(rows))))
 
     # ------------------------------------------------------------------ internals
-    def _chat_request(self, row: ChatRow, i: int):
+    def _chat_request(self, row: ChatRow, i: int, stop: threading.Event):
+        if stop.is_set():         # an earlier row's ConfigError ends the call; its result is never read
+            return None
         data = json.dumps(chat_request_body(self._model, row.messages, row.min_pixels, row.max_pixels)).encode()
         send = lambda: parse_chat_reply(CE.post_json(self.chat, data, self._headers(), self.timeout), row.seq,
                                         row.n_prompt)
@@ -387,6 +391,7 @@ class ServedScorer:
             if m.pos >= row.n_fixed:      # our assistant text, rendered / tokenized otherwise: no KL on the row
                 self._count(RETOKENIZED)
                 return RETOKENIZED
+            stop.set()
             raise ConfigError(f"config key {self.key} = {self.url!r}: the server's chat prompt differs from ours "
                               f"(image row {i}, first difference at position {m.pos} of {row.n_prompt} prompt "
                               f"tokens: ours {m.ours}, the server's {m.theirs}); serve the policy's chat template "
@@ -395,12 +400,15 @@ class ServedScorer:
             self._count("failed_requests")
         return value
 
-    def _request(self, seqs, n_prompt, first_row) -> list:
+    def _request(self, seqs, n_prompt, first_row, stop: threading.Event) -> list:
+        if stop.is_set():         # an earlier request's ConfigError ends the call; its result is never read
+            return [None] * len(seqs)
         data = json.dumps(request_body(self._model, seqs)).encode("utf-8")
         send = lambda: parse_reply(CE.post_json(self.completions, data, self._headers(), self.timeout), seqs, n_prompt)
         try:
             value, _, _, _ = CE.with_retries(send, self.retries, self._delay, self._count)
         except Mismatch as m:
+            stop.set()
             raise ConfigError(f"config key {self.key} = {self.url!r}: the server scored other tokens than ours "
                               f"(row {first_row + m.row}, first difference at position {m.pos}: ours {m.ours}, "
                               f"the server's {m.theirs}); serve the same tokenizer and send token ids") from None

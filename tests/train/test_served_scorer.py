@@ -435,7 +435,7 @@ def test_a_server_expanding_images_otherwise_is_a_one_line_error_naming_the_key(
     print("\n" + msg)
     assert "\n" not in msg and msg.startswith("config key rl.teachers.* = ") and "first difference at position" in msg
     assert "chat template" in msg and "min/max pixels" in msg
-    assert m.requests <= 2        # not retried; the rows queued behind the failed one are cancelled
+    assert m.requests == 1        # not retried, and (one request at a time) no row after it is sent
 
 
 def test_chat_messages_render_back_to_our_prompt_and_bad_layouts_are_errors():
