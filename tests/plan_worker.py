@@ -45,7 +45,7 @@ def main():
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--tpu", action="store_true", help="compile for each recipe's hardware.topology (libtpu)")
     args = ap.parse_args()
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}"
     os.environ["JAX_PLATFORMS"] = "cpu"
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import importlib

@@ -97,7 +97,7 @@ def test_varlen_attention_equals_dense_masked_attention(chunk):
 
 SHARDED = r"""
 import json, os
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 import jax, jax.numpy as jnp, numpy as np
 from flax import nnx
 from guilibra_jax import sharding as S

@@ -31,7 +31,7 @@ def main():
     ap.add_argument("--process_id", type=int, default=0)
     ap.add_argument("--port", type=int, default=0)
     args = ap.parse_args()
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}"
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
     if args.num_processes > 1:

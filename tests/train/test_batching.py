@@ -92,7 +92,7 @@ def test_model_output_is_the_same_from_pixel_rows_and_from_slot_layout(family):
 
 SHARDED_PIXELS = r"""
 import os
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
 import jax
 from guilibra_jax import sharding as S
 from guilibra_jax.train import fake_batch as F

@@ -47,7 +47,7 @@ def start(workdir, args, processes=1, devices=4, module="launch.train"):
     procs = []
     for i in range(processes):
         env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
-               "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+               "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"}
         if processes > 1:
             env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),
                        JAX_PROCESS_ID=str(i))

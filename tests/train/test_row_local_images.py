@@ -99,7 +99,7 @@ def test_put_batch_marks_row_aligned_batches_and_shards_the_marker():
 
 SHARDED = r"""
 import os, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
 import jax, jax.numpy as jnp, numpy as np
 from flax import nnx
 from guilibra_jax import models as M, sharding as S
@@ -132,7 +132,7 @@ def test_row_local_path_on_a_sharded_batch_equals_one_device():
 PLAN = r"""
 import os, sys
 devices, row_local = int(sys.argv[1]), sys.argv[2] == "1"
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
 os.environ["JAX_PLATFORMS"] = "cpu"
 from configs import demo
 from guilibra_jax.train import plan, recipe_plan
