@@ -38,10 +38,13 @@ class Attention(nnx.Module):
     self.qk_norm = tc.qk_norm
     self.scale = h**-0.5
 
-  def __call__(self, x, cos, sin, mask, kv_cache=None, index=None, prefix=None):
+  def __call__(self, x, cos, sin, mask, kv_cache=None, index=None, prefix=None, layer=None):
     """x [B, T, D]; cos/sin [B, T, H]; mask: SegmentMask of T queries and S keys (or a bool
-    [B, 1, T, S]); kv_cache (k, v) [B, S, K, H] or None; prefix (k, v) [B, Sp, K, H] or None:
-    keys / values (rotated) of a shared prompt put before this call's own (S = Sp + T)."""
+    [B, 1, T, S]); kv_cache: every layer's (k, v) stacked [L, B, S, K, H] or None, updated in
+    place at ``layer`` (an int or a traced index), slots index.., and returned whole (a decode
+    step writes its slot instead of copying the cache); without a cache returns this call's
+    (k, v). prefix (k, v) [B, Sp, K, H] or None: keys / values (rotated) of a shared prompt put
+    before this call's own (S = Sp + T)."""
     q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
     if self.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
@@ -52,10 +55,11 @@ class Attention(nnx.Module):
       v = jnp.concatenate([prefix[1].astype(v.dtype), v], axis=1)
     if kv_cache is not None:
       ck, cv = kv_cache
-      k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0))
-      v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, index, 0, 0))
+      ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype)[None], (layer, 0, index, 0, 0))
+      cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype)[None], (layer, 0, index, 0, 0))
+      k, v = ck[layer], cv[layer]
     out = dot_product_attention(q, k, v, mask, scale=self.scale)
-    return self.o_proj(out), (k, v)
+    return self.o_proj(out), ((ck, cv) if kv_cache is not None else (k, v))
 
 
 class DecoderLayer(nnx.Module):
@@ -70,8 +74,8 @@ class DecoderLayer(nnx.Module):
     self.post_attention_layernorm = RMSNorm(tc.hidden_size, ("embed",), eps=tc.rms_norm_eps, dtype=dtype,
                                             param_dtype=param_dtype)
 
-  def __call__(self, x, cos, sin, mask, kv_cache=None, index=None, prefix=None):
-    a, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv_cache, index, prefix)
+  def __call__(self, x, cos, sin, mask, kv_cache=None, index=None, prefix=None, layer=None):
+    a, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv_cache, index, prefix, layer)
     x = x + a
     x = x + position_wise(self.mlp, self.post_attention_layernorm(x), self.mlp_chunk)
     return x, kv
@@ -119,41 +123,39 @@ class TextModel(nnx.Module):
     if self.scan_layers:
       gdef, stacked = nnx.split(self.layers)
 
+      # With a cache, every layer's (k, v) stays one stacked [L, ...] pair carried through the
+      # layers and updated in place at layer i (as scan inputs / outputs it was copied whole on
+      # every call: each decode step rewrote the cache). Without one nothing reads the layers'
+      # k / v, and nothing is carried: stacked as the scan's outputs they stayed alive through
+      # the backward pass ([L, B, T, K, H] x 2: 8 GiB per device for a 16,384-token row of
+      # Qwen3-VL-32B on the CPU compiler).
       def one_layer(layer_state, x, kv, i):
-        x, kv = nnx.merge(gdef, layer_state)(x, cos, sin, mask, kv, index)
+        x, kv = nnx.merge(gdef, layer_state)(x, cos, sin, mask, kv, index, layer=i)
         if deepstack_add is not None and n_deepstack:
           x = jax.lax.cond(i < n_deepstack, lambda: x + deepstack_add(jnp.minimum(i, n_deepstack - 1)), lambda: x)
-        return S.constrain_batch(x), kv
+        return S.constrain_batch(x), (kv if cache is not None else None)
 
       step = self._checkpointed(one_layer)
 
-      def body(x, xs):
-        layer_state, kv, i = xs
-        x, kv = step(layer_state, x, kv, i)
-        # without a cache nothing reads the layers' k / v: stacked as the scan's outputs they
-        # stayed alive through the backward pass ([L, B, T, K, H] x 2: 8 GiB per device for a
-        # 16,384-token row of Qwen3-VL-32B on the CPU compiler)
-        return x, (kv if cache is not None else None)
+      def body(carry, xs):
+        x, kv = carry
+        layer_state, i = xs
+        return step(layer_state, x, kv, i), None
 
-      h, new_cache = jax.lax.scan(body, h, (stacked, cache, jnp.arange(tc.num_layers)))
+      (h, new_cache), _ = jax.lax.scan(body, (h, cache), (stacked, jnp.arange(tc.num_layers)))
       return self.norm(h), new_cache
 
-    ks, vs = [], []
+    kv = cache
     for i in range(tc.num_layers):
       gdef, layer_state = nnx.split(self.layers[i])
       add = deepstack_add if (deepstack_add is not None and i < n_deepstack) else None
 
       def one_layer(st, x, kv, g=gdef, add=add, i=i):
-        x, kv = nnx.merge(g, st)(x, cos, sin, mask, kv, index)
-        return S.constrain_batch(x if add is None else x + add(i)), kv
+        x, kv = nnx.merge(g, st)(x, cos, sin, mask, kv, index, layer=i)
+        return S.constrain_batch(x if add is None else x + add(i)), (kv if cache is not None else None)
 
-      kv = None if cache is None else (cache[0][i], cache[1][i])
       h, kv = self._checkpointed(one_layer)(layer_state, h, kv)
-      if cache is not None:
-        ks.append(kv[0])
-        vs.append(kv[1])
-    new_cache = (jnp.stack(ks), jnp.stack(vs)) if cache is not None else None
-    return self.norm(h), new_cache
+    return self.norm(h), kv
 
   def shared_prompt(self, hp, positions_p, mask_p, deepstack_add, n_deepstack, hr, positions_r, mask_r):
     """Two streams through the layers: B' prompts hp [B', Tp, D] (positions [3, B', Tp],

@@ -9,9 +9,14 @@ from guilibra_jax.models import QwenVL, get_rope_index, prepare_vision_inputs
 from hf_fixtures import image_grid, make_batch, text_tokens
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
-def test_prefill_and_decode_match_full_forward(loaded, family):
-  _, model, config, _ = loaded[family]
+@pytest.mark.parametrize("family,scan", [("qwen2_5_vl", False), ("qwen3_vl", False), ("qwen3_vl", True)])
+def test_prefill_and_decode_match_full_forward(loaded, family, scan):
+  """With scan_layers the stacked cache is the scan's carry, written in place at each layer
+  (Qwen3: deepstack inside the scanned stack)."""
+  from guilibra_jax.models import load_hf
+  _, model, config, path = loaded[family]
+  if scan:
+    model, _ = load_hf(path, scan_layers=True)
   n_new = 4
   rows = [text_tokens(2, 1) + [("img", image_grid(56, 84))] + text_tokens(3 + n_new, 2),
           text_tokens(1, 3) + [("img", image_grid(56, 56))] + text_tokens(1 + n_new, 4)]
