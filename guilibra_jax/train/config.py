@@ -281,6 +281,9 @@ KEYS: dict[str, Key] = {
                                    "is 0 or 1, sample more rounds"),
     "rl.group_filter.max_rounds": Key(10, K.integer(0, note="(0 = no limit)"),
                                       "rounds per update at most (0 = no limit, the release)"),
+    "rl.group_filter.greedy_wrong": Key(False, K.boolean(),
+                                        "also drop groups whose prompt's greedy response passes (keep states where the "
+                                        "policy's mode is wrong and a sample is right)"),
     "rl.served.timeout": Key(120.0, K.number(0, lo_open=True), "seconds per request to a served scorer"),
     "rl.served.retries": Key(3, K.integer(0), "more attempts per failed request (backoff 1 s x 2^k, jittered, <= 30 s)"),
     "rl.served.concurrency": Key(8, K.integer(1), "requests in flight per served scorer and process"),
@@ -435,7 +438,10 @@ SECTIONS: dict[str, str] = {
     "rl.group_filter": "DAPO-style dynamic sampling (the UI-MOPD release: on): groups whose pass rate is 0 or 1 are "
                        "dropped and more rounds of `data.batch_size` prompts are sampled until `rl.update_groups` "
                        "groups are kept; after `max_rounds` rounds (0 = no limit, the release) the update is "
-                       "completed with dropped groups that carry no loss (logged as `group_filter/short_groups`).",
+                       "completed with dropped groups that carry no loss (logged as `group_filter/short_groups`). "
+                       "`greedy_wrong`: one greedy decode per prompt (shared with greedy play); a group is kept only "
+                       "if that response fails, so updates act where greedy play and evaluation would change "
+                       "(`group_filter/greedy_right` counts the groups it drops).",
     "rl.online": "`rl.world = 'miniwob'` / `'synthetic'`: the live episodes' slots (`data.batch_size = "
                  "rl.online.workers x processes`).",
     "mesh": "The device mesh: at most one axis is -1 (the rest of the devices); rows are split over data x fsdp.",
@@ -707,6 +713,9 @@ def _check_mesh_and_batch(c, known: Known) -> None:
     if rl.update_groups and not rl.group_filter.enabled and rl.update_groups != c.data.batch_size:
         _fail("rl.update_groups", rl.update_groups, f"0 or data.batch_size = {c.data.batch_size} without "
               f"rl.group_filter (each step updates on the groups of one round)")
+    if rl.group_filter.greedy_wrong and not rl.group_filter.enabled:
+        _fail("rl.group_filter.greedy_wrong", True, "only with rl.group_filter.enabled (it narrows the groups the "
+              "filter keeps)")
     rows = (rl.update_groups or c.data.batch_size) * rl.group_size
     if rows % (rl.minibatches * c.train.grad_accum):
         _fail("rl.minibatches", rl.minibatches, f"a divisor of (rl.update_groups or data.batch_size) * "

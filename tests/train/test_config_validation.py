@@ -106,6 +106,7 @@ BAD = [
     ([GRPO, "--config.rl.reference=/nonexistent/ref"], "rl.reference", 2),
     ([GRPO, "--config.rl.mopd.kl_mask_tau=2.0"], "rl.mopd.kl_mask_tau", 2),
     ([GRPO, "--config.rl.score_chunk=-1"], "rl.score_chunk", 2),
+    ([GRPO, "--config.rl.group_filter.greedy_wrong=true"], "rl.group_filter.greedy_wrong", 2),  # filter off
     ([GRPO, "--config.data.method=mopd"], "data.method", 2),
     ([*MOPD], "rl.teachers", 2),
     ([*MOPD, "--config.rl.teachers={'desktop': '.'}"], "rl.teachers", 2),  # the data also holds mobile

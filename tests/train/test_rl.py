@@ -280,31 +280,34 @@ def test_grpo_updates_raise_the_reward_of_a_bandit():
     assert np.mean(means[-3:]) > np.mean(means[:3]) + 0.3, means
 
 
-def _fake_stage(monkeypatch, successes_per_round, update_groups, max_rounds, group=2):
-    """collect() over rounds whose per-row successes are given (2 prompts of G=2 per round)."""
+def _fake_stage(monkeypatch, successes_per_round, update_groups, max_rounds, group=2, greedy_per_round=None):
+    """collect() over rounds whose per-row successes are given (2 prompts of G=2 per round);
+    ``greedy_per_round``: each prompt's greedy success (rl.group_filter.greedy_wrong on)."""
     rounds = iter(successes_per_round)
+    greedy_rounds = iter(greedy_per_round or [])
 
-    def fake_rollout(s, params, batch, key):
-        n = len(batch["ids"]) * group
-        ro = RO.Rollout(group_size=group, prompt_ids=np.zeros((n, 3), np.int32), prompt_mask=np.ones((n, 3), np.int32),
+    def fake_rollout(s, params, batch, key, group_size=group, sampling=None):
+        assert (group_size == 1) == (sampling is not None and sampling.temperature == 0.0)
+        n = len(batch["ids"]) * group_size
+        ro = RO.Rollout(group_size=group_size, prompt_ids=np.zeros((n, 3), np.int32), prompt_mask=np.ones((n, 3), np.int32),
                         positions=np.zeros((3, n, 3), np.int32), rope_deltas=np.zeros(n, np.int32),
                         grids=[None] * n, pixels=[None] * n, valid=np.ones(n, bool), targets=[None] * n,
                         platform=["desktop"] * n, resized_size=[(8, 8)] * n,
-                        tokens=np.repeat(np.asarray(batch["ids"]), group)[:, None].astype(np.int32),
+                        tokens=np.repeat(np.asarray(batch["ids"]), group_size)[:, None].astype(np.int32),
                         lengths=np.ones(n, np.int32))
         ro.texts = [""] * n
         return ro
 
     def fake_reward(s, ro):
-        ok = np.asarray(next(rounds), bool)
+        ok = np.asarray(next(greedy_rounds if ro.group_size == 1 else rounds), bool)
         return RO.Scored(ok.astype(np.float32), ok, {})
 
     monkeypatch.setattr(PH, "rollout", fake_rollout)
     monkeypatch.setattr(PH, "reward", fake_reward)
-    config = mlc.ConfigDict(dict(data=dict(batch_size=2), rl=dict(group_size=group, update_groups=update_groups,
-                                                                  group_filter=dict(enabled=True,
-                                                                                    max_rounds=max_rounds))))
-    stage = RS.Stage2(config, *([None] * 10), row_multiple=1)
+    config = mlc.ConfigDict(dict(data=dict(batch_size=2), rl=dict(
+        group_size=group, update_groups=update_groups, online=dict(play="first"),
+        group_filter=dict(enabled=True, max_rounds=max_rounds, greedy_wrong=greedy_per_round is not None))))
+    stage = RS.Stage2(config, *([None] * 4), G.SamplingConfig(temperature=1.0), *([None] * 5), row_multiple=1)
     prompts = iter([{"ids": [10 * r, 10 * r + 1]} for r in range(10)])
     return PH.collect(stage, None, prompts, 0, jax.random.PRNGKey(0))
 
@@ -322,6 +325,16 @@ def test_group_filter_round_limit_completes_the_update_with_lossless_groups(monk
     c = _fake_stage(monkeypatch, [[1, 1, 0, 0], [0, 0, 1, 1]], update_groups=2, max_rounds=2)
     assert (c.rounds, c.kept_groups, c.short_groups) == (2, 0, 2)
     assert not c.ro.valid.any() and c.ro.rows == 4      # shapes kept, no loss, logged as short
+
+
+def test_greedy_wrong_keeps_only_mixed_groups_whose_greedy_response_fails(monkeypatch):
+    # round 0: both groups mixed, prompt 0's greedy passes (dropped), prompt 1's fails (kept);
+    # round 1: group 0 mixed with a failing greedy (kept), group 1 all fail (dropped).
+    c = _fake_stage(monkeypatch, [[1, 0, 0, 1], [0, 1, 0, 0]], update_groups=2, max_rounds=0,
+                    greedy_per_round=[[1, 0], [0, 0]])
+    assert (c.rounds, c.kept_groups, c.dropped_groups, c.short_groups, c.greedy_right) == (2, 2, 2, 0, 1)
+    np.testing.assert_array_equal(c.ro.tokens[:, 0], [1, 1, 10, 10])
+    assert c.ro.valid.all()
 
 
 def _stage(generation_rows=0, score_rows=0, old_logprobs="recompute", share_prefill=True, group=GROUP,

@@ -2,8 +2,9 @@
 
     prompts ──rollout──► G responses per prompt, sampled by the policy over the whole mesh
             ──reward───► rewards and passes (host: rewards.guilibra_reward | mopd_reward)
-            [group filter (rl.group_filter): drop groups whose pass rate is 0 or 1 and draw
-             more prompts until rl.update_groups groups are kept]
+            [group filter (rl.group_filter): drop groups whose pass rate is 0 or 1 (with
+             greedy_wrong also those whose greedy response passes) and draw more prompts
+             until rl.update_groups groups are kept]
             ──advantages► group-relative; GRPO: SNGS on the negative ones; MOPD: pass-rate
                           floor and adaptive KL mask (rl.mopd.kl_mask)
             ──score────► old log-probs (policy) and reference (GRPO: the frozen SFT model) or
@@ -90,6 +91,7 @@ class Collected:
     kept_groups: int = 0       # this process
     dropped_groups: int = 0
     short_groups: int = 0      # update slots filled with dropped groups (no loss) at the round limit
+    greedy_right: int = 0      # groups dropped because the prompt's greedy response passes (greedy_wrong)
 
 
 def collect(s: Stage2, params, prompts, step: int, base_key) -> Collected:
@@ -101,15 +103,19 @@ def collect(s: Stage2, params, prompts, step: int, base_key) -> Collected:
     gf = s.rl.group_filter
     key = lambda r: jax.random.fold_in(jax.random.fold_in(base_key, step), r)
     if not gf.enabled:
-        ro = _rollout_next(s, params, prompts, key(0))
+        ro, _ = _rollout_next(s, params, prompts, key(0))
         return Collected(ro, reward(s, ro))
     G_ = s.rl.group_size
     quota = update_groups(s.config) // jax.process_count()
-    parts, kept, rounds = [], 0, 0
+    parts, kept, rounds, greedy_right = [], 0, 0, 0
     while True:
-        ro = _rollout_next(s, params, prompts, key(rounds))
+        ro, greedy = _rollout_next(s, params, prompts, key(rounds), greedy_needed=gf.greedy_wrong)
         scored = reward(s, ro)
         keep = ADV.keep_groups(scored.success & ro.valid, ro.valid, G_)
+        if gf.greedy_wrong:   # the mode already right: sharpening it cannot change greedy play
+            right = reward(s, greedy).success & greedy.valid
+            greedy_right += int(right.sum())
+            keep &= ~right
         parts.append((ro, scored, keep))
         kept += int(keep.sum())
         rounds += 1
@@ -133,22 +139,24 @@ def collect(s: Stage2, params, prompts, step: int, base_key) -> Collected:
         scs.append(sc)
     n_groups = sum(len(k) for _, _, k in parts)
     return Collected(RO.concat(ros), RO.concat_scored(scs), rounds=rounds, kept_groups=min(kept, quota),
-                     dropped_groups=n_groups - kept, short_groups=max(0, quota - kept))
+                     dropped_groups=n_groups - kept, short_groups=max(0, quota - kept), greedy_right=greedy_right)
 
 
-def _rollout_next(s: Stage2, params, prompts, key) -> RO.Rollout:
-    """The rollout of the next prompts; a live prompt source (rl.world, rl/online.py) then
-    advances its episodes with it (``prompts.advance``): each with the first response of
-    its group, or (``rl.online.play = "greedy"``) a greedy response decoded for its state."""
+def _rollout_next(s: Stage2, params, prompts, key, greedy_needed: bool = False
+                  ) -> tuple[RO.Rollout, RO.Rollout | None]:
+    """The rollout of the next prompts, and (with ``greedy_needed`` or greedy play) each
+    prompt's greedy response as a rollout of groups of one. A live prompt source (rl.world,
+    rl/online.py) then advances its episodes (``prompts.advance``): each with the first
+    response of its group, or (``rl.online.play = "greedy"``) the greedy one."""
     batch = next(prompts)
     ro = rollout(s, params, batch, key)
-    if hasattr(prompts, "advance"):
-        greedy = None
-        if s.rl.online.play == "greedy":
-            greedy = rollout(s, params, batch, key, group_size=1,
-                             sampling=dataclasses.replace(s.sampling, temperature=0.0)).texts
-        prompts.advance(ro, greedy)
-    return ro
+    live = hasattr(prompts, "advance")
+    greedy = None
+    if greedy_needed or (live and s.rl.online.play == "greedy"):
+        greedy = rollout(s, params, batch, key, group_size=1, sampling=dataclasses.replace(s.sampling, temperature=0.0))
+    if live:
+        prompts.advance(ro, greedy.texts if greedy is not None and s.rl.online.play == "greedy" else None)
+    return ro, greedy
 
 
 @dataclasses.dataclass
@@ -331,12 +339,14 @@ def rollout_metrics(c: Collected, adv: dict, method: str, max_new_tokens: int, f
         valid=ro.valid, reward=sc.reward, success=sc.success, lengths=ro.lengths, adv=adv["advantages"],
         lam=adv["lambda"], kl_mask=adv["kl_mask"], **{f"part_{k}": v for k, v in sc.parts.items()}).items()}
     platform = np.array(MH.gather_strings([p or "" for p in ro.platform]))
-    counts = MH.gather_rows(np.array([[c.kept_groups, c.dropped_groups, c.short_groups]], np.int64)).sum(0)
+    counts = MH.gather_rows(np.array([[c.kept_groups, c.dropped_groups, c.short_groups, c.greedy_right]],
+                                     np.int64)).sum(0)
     v = g["valid"].astype(bool)
     row: dict[str, float] = {}
     if filtered:
         row.update({"group_filter/rounds": c.rounds, "group_filter/kept_groups": int(counts[0]),
-                    "group_filter/dropped_groups": int(counts[1]), "group_filter/short_groups": int(counts[2])})
+                    "group_filter/dropped_groups": int(counts[1]), "group_filter/short_groups": int(counts[2]),
+                    "group_filter/greedy_right": int(counts[3])})
     if not v.any():
         return row
     r = RO.group_view(g["reward"], ro.group_size)
