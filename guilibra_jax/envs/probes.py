@@ -130,7 +130,8 @@ def probe_record(rng: random.Random, kind: str, box: str, index: int, split: str
 def write_probe(out: str, kind: str, box: str = "small", train: int = 2000, test: int = 200, seed: int = 0
                 ) -> dict[str, int]:
     """Write ``out``/train.jsonl and test.jsonl (native records) with their screenshots in
-    ``out``/images; returns the counts. Train and test screens come from one stream
+    ``out``/images (each record's image path relative to ``out``, so the folder reads the
+    same from any working directory and after a move); returns the counts. Train and test screens come from one stream
     (``seed``), so no test screen repeats a training one but by chance."""
     from guilibra_jax.data.writers import write_native
     os.makedirs(os.path.join(out, "images"), exist_ok=True)
@@ -139,9 +140,9 @@ def write_probe(out: str, kind: str, box: str = "small", train: int = 2000, test
     for split, n in (("train", train), ("test", test)):
         records = []
         for i in range(n):
-            path = os.path.join(out, "images", f"{kind}-{box}-{split}-{i}.png")
-            record, image = probe_record(rng, kind, box, i, split, path)
-            image.save(path)
+            name = os.path.join("images", f"{kind}-{box}-{split}-{i}.png")   # readers resolve it from out
+            record, image = probe_record(rng, kind, box, i, split, name)
+            image.save(os.path.join(out, name))
             records.append(record)
         counts[split] = write_native(records, os.path.join(out, f"{split}.jsonl"))
     return counts

@@ -65,6 +65,16 @@ def test_every_answer_is_what_the_screenshot_shows(tmp_path, kind, box):
     assert len({r.target.value or r.target.point for r in records}) > 1
 
 
+def test_a_probe_written_to_a_relative_folder_reads_from_any_working_directory(tmp_path, monkeypatch):
+    """`make demo-miniwob` writes --out=runs/miniwob_probes/...: the records' image paths are
+    relative to the folder (the readers resolve them from the JSONL's folder), not to the cwd."""
+    monkeypatch.chdir(tmp_path)
+    P.write_probe("runs/probe", "click", "small", train=3, test=1, seed=0)
+    monkeypatch.chdir("/")
+    records = _records(tmp_path / "runs" / "probe")
+    assert len(records) == 4 and all(Image.open(r.image).size == P.PAGE for r in records)
+
+
 def test_label_probe_names_the_button_whose_pixels_show_its_word(tmp_path):
     from PIL import ImageDraw, ImageFont
     P.write_probe(str(tmp_path), "label", train=10, test=2, seed=2)
