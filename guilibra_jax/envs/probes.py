@@ -131,8 +131,9 @@ def write_probe(out: str, kind: str, box: str = "small", train: int = 2000, test
                 ) -> dict[str, int]:
     """Write ``out``/train.jsonl and test.jsonl (native records) with their screenshots in
     ``out``/images (each record's image path relative to ``out``, so the folder reads the
-    same from any working directory and after a move); returns the counts. Train and test screens come from one stream
-    (``seed``), so no test screen repeats a training one but by chance."""
+    same from any working directory and after a move); returns the counts. Train and test
+    screens come from one stream (``seed``), so no test screen repeats a training one but by
+    chance."""
     from guilibra_jax.data.writers import write_native
     os.makedirs(os.path.join(out, "images"), exist_ok=True)
     rng = random.Random(f"{seed}-{kind}-{box}")

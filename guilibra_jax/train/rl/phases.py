@@ -91,7 +91,7 @@ class Collected:
     kept_groups: int = 0       # this process
     dropped_groups: int = 0
     short_groups: int = 0      # update slots filled with dropped groups (no loss) at the round limit
-    greedy_right: int = 0      # groups dropped because the prompt's greedy response passes (greedy_wrong)
+    greedy_right: int = 0      # groups whose prompt's greedy response passed (greedy_wrong drops them)
 
 
 def collect(s: Stage2, params, prompts, step: int, base_key) -> Collected:
