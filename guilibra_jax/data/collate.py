@@ -182,6 +182,7 @@ def collate_rl(items: Sequence[Sample | B.Dropped], cfg: CollateConfig, model_co
            "row_valid": row_valid, "num_samples": len(samples),
            "reward_targets": [s.reward_target for s in samples], "platform": [s.platform for s in samples],
            "resized_size": [s.resized_size for s in samples], "where": [s.where for s in samples],
+           "label_ids": [np.asarray(s.input_ids[s.prompt_len:], np.int32) for s in samples],
            "dropped": dropped}
     out.update(_vision(samples, model_config, cfg.patch_bucket, patch_dim, n_rows))
     return out

@@ -284,6 +284,10 @@ KEYS: dict[str, Key] = {
     "rl.group_filter.greedy_wrong": Key(False, K.boolean(),
                                         "also drop groups whose prompt's greedy response passes (keep states where the "
                                         "policy's mode is wrong and a sample is right)"),
+    "rl.demo_in_failed_groups": Key(False, K.boolean(),
+                                    "GRPO: in a group where no sampled response passes, the last response is "
+                                    "replaced by the record's demonstrated action, as SFT renders it (off-policy "
+                                    "guidance); old log-probs are then recomputed"),
     "rl.served.timeout": Key(120.0, K.number(0, lo_open=True), "seconds per request to a served scorer"),
     "rl.served.retries": Key(3, K.integer(0), "more attempts per failed request (backoff 1 s x 2^k, jittered, <= 30 s)"),
     "rl.served.concurrency": Key(8, K.integer(1), "requests in flight per served scorer and process"),
@@ -785,6 +789,12 @@ def _check_rl(c, known: Known) -> None:
                         r.reward[key.rsplit(".", 1)[1]], c.method,
                         "the tool-call reward, rl.reward.mopd_rule" if c.method == "mopd" else
                         "GUI-Libra's, rl.reward.w_fmt / value_rule / format_rule / grounding_sigma")
+    if r.demo_in_failed_groups and c.method != "grpo":
+        _fail("rl.demo_in_failed_groups", True, f"only with method=grpo (the demonstrated action is GUI-Libra's "
+              f"label; method is {c.method!r})")
+    if r.demo_in_failed_groups and r.old_logprobs == "sampler":
+        _fail("rl.old_logprobs", r.old_logprobs, "auto or recompute with rl.demo_in_failed_groups: the sampler "
+              "did not draw the demonstrated responses, so it has no log-probs of them")
     if r.old_logprobs == "sampler" and (r.top_p < 1.0 or r.top_k):
         _fail("rl.old_logprobs", r.old_logprobs, f"auto or recompute when sampling is truncated (rl.top_p = "
               f"{r.top_p}, rl.top_k = {r.top_k}): the sampler's log-probs are then not the policy's")

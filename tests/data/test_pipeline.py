@@ -28,6 +28,10 @@ def _same(a, b):
             _same(a[k], b[k])
         elif isinstance(a[k], np.ndarray):
             np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+        elif isinstance(a[k], list) and any(isinstance(x, np.ndarray) for x in a[k]):   # label_ids
+            assert len(a[k]) == len(b[k]), k
+            for x, y in zip(a[k], b[k]):
+                np.testing.assert_array_equal(x, y, err_msg=k)
         else:
             assert a[k] == b[k], k
 

@@ -71,6 +71,21 @@ def rollout(s: Stage2, params, batch: dict, key, *, group_size: int | None = Non
     return ro
 
 
+def rewarded(s: Stage2, ro: RO.Rollout) -> tuple[RO.Rollout, RO.Scored, int]:
+    """The rollout's rewards; with ``rl.demo_in_failed_groups`` first the demonstrated
+    response in place of the last one of every group where no sampled response passed
+    (``rollout.insert_demos``), rescored. Returns (rollout, scored, [demo responses
+    inserted, of which passed their own reward])."""
+    scored = reward(s, ro)
+    if not s.rl.get("demo_in_failed_groups", False):
+        return ro, scored, [0, 0]
+    decode = lambda ids: G.decode_response(s.tokenizer, ids, s.stop)
+    ro, replaced = RO.insert_demos(ro, scored.success, s.stop, s.pad_id, decode)
+    if replaced.any():
+        scored = reward(s, ro)
+    return ro, scored, [int(replaced.sum()), int((replaced & scored.success).sum())]
+
+
 def reward(s: Stage2, ro: RO.Rollout) -> RO.Scored:
     """Rewards and passes of the rollout's responses (invalid rows score 0, never pass)."""
     rw = s.rl.reward
@@ -92,6 +107,8 @@ class Collected:
     dropped_groups: int = 0
     short_groups: int = 0      # update slots filled with dropped groups (no loss) at the round limit
     greedy_right: int = 0      # groups whose prompt's greedy response passed (greedy_wrong drops them)
+    demos: tuple = (0, 0)      # demonstrated responses put in failed groups (rl.demo_in_failed_groups), kept
+                               # or not; of which passed their own reward (a rendering check: all should)
 
 
 def collect(s: Stage2, params, prompts, step: int, base_key) -> Collected:
@@ -104,13 +121,15 @@ def collect(s: Stage2, params, prompts, step: int, base_key) -> Collected:
     key = lambda r: jax.random.fold_in(jax.random.fold_in(base_key, step), r)
     if not gf.enabled:
         ro, _ = _rollout_next(s, params, prompts, key(0))
-        return Collected(ro, reward(s, ro))
+        ro, scored, demos = rewarded(s, ro)
+        return Collected(ro, scored, demos=tuple(demos))
     G_ = s.rl.group_size
     quota = update_groups(s.config) // jax.process_count()
-    parts, kept, rounds, greedy_right = [], 0, 0, 0
+    parts, kept, rounds, greedy_right, demos = [], 0, 0, 0, np.zeros(2, np.int64)
     while True:
         ro, greedy = _rollout_next(s, params, prompts, key(rounds), greedy_needed=gf.greedy_wrong)
-        scored = reward(s, ro)
+        ro, scored, n_demos = rewarded(s, ro)
+        demos += n_demos
         keep = ADV.keep_groups(scored.success & ro.valid, ro.valid, G_)
         if gf.greedy_wrong:   # the mode already right: sharpening it cannot change greedy play
             right = reward(s, greedy).success & greedy.valid
@@ -139,7 +158,8 @@ def collect(s: Stage2, params, prompts, step: int, base_key) -> Collected:
         scs.append(sc)
     n_groups = sum(len(k) for _, _, k in parts)
     return Collected(RO.concat(ros), RO.concat_scored(scs), rounds=rounds, kept_groups=min(kept, quota),
-                     dropped_groups=n_groups - kept, short_groups=max(0, quota - kept), greedy_right=greedy_right)
+                     dropped_groups=n_groups - kept, short_groups=max(0, quota - kept), greedy_right=greedy_right,
+                     demos=tuple(int(x) for x in demos))
 
 
 def _rollout_next(s: Stage2, params, prompts, key, greedy_needed: bool = False
@@ -330,8 +350,8 @@ def served_metrics(s: Stage2, scores: Scores, watches: dict) -> dict[str, float]
     return row
 
 
-def rollout_metrics(c: Collected, adv: dict, method: str, max_new_tokens: int, filtered: bool = False
-                    ) -> dict[str, float]:
+def rollout_metrics(c: Collected, adv: dict, method: str, max_new_tokens: int, filtered: bool = False,
+                    demo: bool = False) -> dict[str, float]:
     """Step metrics over all processes' rows (a collective); ``filtered``: add the group
     filter's counts (rounds, kept / dropped / short groups over all processes)."""
     ro, sc = c.ro, c.scored
@@ -339,7 +359,7 @@ def rollout_metrics(c: Collected, adv: dict, method: str, max_new_tokens: int, f
         valid=ro.valid, reward=sc.reward, success=sc.success, lengths=ro.lengths, adv=adv["advantages"],
         lam=adv["lambda"], kl_mask=adv["kl_mask"], **{f"part_{k}": v for k, v in sc.parts.items()}).items()}
     platform = np.array(MH.gather_strings([p or "" for p in ro.platform]))
-    counts = MH.gather_rows(np.array([[c.kept_groups, c.dropped_groups, c.short_groups, c.greedy_right]],
+    counts = MH.gather_rows(np.array([[c.kept_groups, c.dropped_groups, c.short_groups, c.greedy_right, *c.demos]],
                                      np.int64)).sum(0)
     v = g["valid"].astype(bool)
     row: dict[str, float] = {}
@@ -361,6 +381,8 @@ def rollout_metrics(c: Collected, adv: dict, method: str, max_new_tokens: int, f
                 "response_length": float(g["lengths"][v].mean()),
                 "truncated_fraction": float((g["lengths"][v] >= max_new_tokens).mean()),
                 "advantage_abs_mean": float(np.abs(g["adv"][v]).mean())})
+    if demo:   # demonstrated responses put in this step's rounds, and how many passed their own reward
+        row.update({"demo/inserted": int(counts[4]), "demo/passed": int(counts[5])})
     for k in sc.parts:
         row[f"reward_{k}"] = float(g[f"part_{k}"][v].mean())
     if method == "grpo":

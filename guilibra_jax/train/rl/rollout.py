@@ -64,6 +64,7 @@ class Rollout:
     lengths: np.ndarray | None = None   # [R]
     sample_logp: np.ndarray | None = None  # [R, N] the sampler's log-probs of the tokens
     texts: list | None = None           # [R] decoded responses
+    label_ids: list | None = None       # [R] the record's demonstrated response ids (int32) or None
 
     @property
     def rows(self) -> int:
@@ -92,7 +93,7 @@ def expand_groups(batch: dict, group_size: int) -> Rollout:
         positions=batch["positions"][:, rows], rope_deltas=np.asarray(batch["rope_deltas"])[rows],
         grids=[grids[r] if r < len(grids) else None for r in rows], pixels=[pix[r] for r in rows],
         valid=valid, targets=side("reward_targets"), platform=side("platform"),
-        resized_size=side("resized_size"))
+        resized_size=side("resized_size"), label_ids=side("label_ids") if "label_ids" in batch else None)
 
 
 def pad_prompts(ro: Rollout, width: int) -> Rollout:
@@ -119,7 +120,8 @@ def take_rows(ro: Rollout, rows, valid: np.ndarray | None = None) -> Rollout:
         valid=ro.valid[rows] if valid is None else np.asarray(valid, bool), targets=[ro.targets[r] for r in rows],
         platform=[ro.platform[r] for r in rows], resized_size=[ro.resized_size[r] for r in rows],
         tokens=pick(ro.tokens), lengths=pick(ro.lengths), sample_logp=pick(ro.sample_logp),
-        texts=None if ro.texts is None else [ro.texts[r] for r in rows])
+        texts=None if ro.texts is None else [ro.texts[r] for r in rows],
+        label_ids=None if ro.label_ids is None else [ro.label_ids[r] for r in rows])
 
 
 def concat(parts: Sequence[Rollout]) -> Rollout:
@@ -134,7 +136,8 @@ def concat(parts: Sequence[Rollout]) -> Rollout:
                    grids=lists("grids"), pixels=lists("pixels"), valid=cat("valid"), targets=lists("targets"),
                    platform=lists("platform"), resized_size=lists("resized_size"), tokens=opt("tokens"),
                    lengths=opt("lengths"), sample_logp=opt("sample_logp"),
-                   texts=None if parts[0].texts is None else lists("texts"))
+                   texts=None if parts[0].texts is None else lists("texts"),
+                   label_ids=None if any(p.label_ids is None for p in parts) else lists("label_ids"))
 
 
 def vision_arrays(grids: Sequence, pixels: Sequence, model_config: Any, patch_bucket: int, patch_dim: int
@@ -342,3 +345,41 @@ def concat_scored(parts: Sequence[Scored]) -> Scored:
 def group_view(x: np.ndarray, group_size: int) -> np.ndarray:
     """[R] -> [R / G, G]."""
     return np.asarray(x).reshape(-1, group_size)
+
+
+def demo_response(label_ids, stop_token_ids: Sequence[int], slots: int) -> np.ndarray | None:
+    """A record's demonstrated response as the sampler would have emitted it: its ids up to
+    and including the first stop token; None when there is none, or it needs more than
+    ``slots`` tokens (a sampled response could not have been it)."""
+    if label_ids is None:
+        return None
+    ids = np.asarray(label_ids, np.int32)
+    stops = np.nonzero(np.isin(ids, np.asarray(list(stop_token_ids), np.int32)))[0]
+    if len(stops) == 0 or stops[0] + 1 > slots:
+        return None
+    return ids[:stops[0] + 1]
+
+
+def insert_demos(ro: Rollout, passed: np.ndarray, stop_token_ids: Sequence[int], pad_id: int, decode
+                 ) -> tuple[Rollout, np.ndarray]:
+    """Off-policy guidance (``rl.demo_in_failed_groups``): in every valid group where no
+    response passed, the last response becomes the record's demonstrated one (tokens,
+    length, text; its sampler log-probs 0: they must be recomputed). ``decode``: ids -> text.
+    Returns the new rollout and the rows replaced (bool [R])."""
+    G_ = ro.group_size
+    replaced = np.zeros(ro.rows, bool)
+    if ro.label_ids is None:
+        return ro, replaced
+    tokens, lengths, logp, texts = ro.tokens.copy(), ro.lengths.copy(), ro.sample_logp.copy(), list(ro.texts)
+    ok = np.asarray(passed, bool) & ro.valid
+    for g in range(ro.groups):
+        r = g * G_ + G_ - 1
+        if not ro.valid[r] or ok[g * G_:(g + 1) * G_].any():
+            continue
+        ids = demo_response(ro.label_ids[r], stop_token_ids, tokens.shape[1])
+        if ids is None:
+            continue
+        tokens[r] = pad_id
+        tokens[r, :len(ids)] = ids
+        lengths[r], logp[r], texts[r], replaced[r] = len(ids), 0.0, decode(ids), True
+    return dataclasses.replace(ro, tokens=tokens, lengths=lengths, sample_logp=logp, texts=texts), replaced

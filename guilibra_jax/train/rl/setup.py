@@ -216,9 +216,11 @@ def special_ids(tokenizer, model_config) -> tuple[int, tuple[int, ...]]:
 def reuse_sampler_log_probs(rl) -> bool:
     """``rl.old_logprobs``: the old-policy log-probs are the sampler's ("sampler"; "auto"
     when sampling is neither top-p nor top-k truncated, so the sampler drew from the
-    policy's own tempered distribution) or a rescoring pass ("recompute")."""
+    policy's own tempered distribution, and no demonstrated response replaces a sampled one:
+    ``rl.demo_in_failed_groups``) or a rescoring pass ("recompute")."""
     mode = rl.old_logprobs
-    return mode == "sampler" or (mode == "auto" and rl.top_p >= 1.0 and rl.top_k == 0)
+    return mode == "sampler" or (mode == "auto" and rl.top_p >= 1.0 and rl.top_k == 0
+                                 and not rl.get("demo_in_failed_groups", False))
 
 
 def shares_prompts(s: Stage2) -> bool:

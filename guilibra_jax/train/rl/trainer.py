@@ -105,7 +105,8 @@ class RLTrainer:
         t2 = time.time()
         state, metrics, applied = PH.update(s, state, c.ro, adv, scores)
         t3 = time.time()
-        row = PH.rollout_metrics(c, adv, self.config.method, rl.max_new_tokens, rl.group_filter.enabled)  # collective
+        row = PH.rollout_metrics(c, adv, self.config.method, rl.max_new_tokens, rl.group_filter.enabled,
+                                 rl.demo_in_failed_groups)  # collective
         row.update(PH.teacher_kl_metrics(s, metrics))   # (pops the update's per-teacher sums)
         row.update({k: float(v) for k, v in metrics.items()})
         row.update(PH.served_metrics(s, scores, self.served_watch))   # collective
