@@ -36,8 +36,9 @@ def test_the_demo_replaces_the_last_response_of_failed_groups_only():
     ro.valid[8:] = False
     passed = np.zeros(ro.rows, bool)
     passed[2] = True
-    out, replaced = RO.insert_demos(ro, passed, (STOP,), PAD, lambda ids: "demo:" + ",".join(map(str, ids)))
+    out, replaced, unplaced = RO.insert_demos(ro, passed, (STOP,), PAD, lambda ids: "demo:" + ",".join(map(str, ids)))
     np.testing.assert_array_equal(replaced, [0, 1, 0, 0, 0, 0, 0, 0, 0, 0])
+    assert unplaced == 2                          # groups 2 and 3: failed, but no demo fits
     np.testing.assert_array_equal(out.tokens[1], [1, 2, STOP, PAD])
     assert out.lengths[1] == 3 and out.texts[1] == "demo:1,2,9" and (out.sample_logp[1] == 0).all()
     keep = ~replaced
@@ -76,20 +77,32 @@ def test_bad_combinations_name_the_key(override, key):
         validate(c)
 
 
-def test_a_random_policy_gets_a_passing_demo_in_every_failed_group(tmp_path):
-    """A random tiny policy fails every group, so every group gets the demo; the real reward
-    passes each one, and the run's advantages are no longer all 0."""
+def _demo_run(tmp_path, max_new_tokens):
     from configs import grpo_demo
     from guilibra_jax.train.run import train
     c = grpo_demo.get_config("smoke")
     c.rl.demo_in_failed_groups = True
-    c.rl.max_new_tokens = 64                # room for a demonstrated answer (~20-40 tokens of the demo BPE)
+    c.rl.max_new_tokens = max_new_tokens
     c.train.tensorboard = c.train.curves = c.train.export = False
     workdir = str(tmp_path / "run")
     train(c, workdir)
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     steps = [r for r in rows if "demo/inserted" in r]
     assert len(steps) == c.train.steps
+    return c, steps
+
+
+def test_a_random_policy_gets_a_passing_demo_in_every_failed_group(tmp_path):
+    """A random tiny policy fails every group, so every group gets the demo; the real reward
+    passes each one, and the run's advantages are no longer all 0."""
+    c, steps = _demo_run(tmp_path, 64)      # room for a demonstrated answer (~20-40 tokens of the demo BPE)
     for r in steps:   # every group held no passing sample; now each holds its demo, which passes
         assert r["demo/inserted"] == c.data.batch_size and r["demo/passed"] == r["demo/inserted"], r
+        assert r["demo/unplaced"] == 0, r
         assert r["failed_groups"] == 0 and r["advantage_abs_mean"] > 0, r
+
+
+def test_demos_longer_than_the_response_slots_are_counted_not_inserted(tmp_path):
+    c, steps = _demo_run(tmp_path, 8)
+    for r in steps:
+        assert (r["demo/inserted"], r["demo/unplaced"], r["failed_groups"]) == (0, c.data.batch_size, 1.0), r

@@ -71,19 +71,19 @@ def rollout(s: Stage2, params, batch: dict, key, *, group_size: int | None = Non
     return ro
 
 
-def rewarded(s: Stage2, ro: RO.Rollout) -> tuple[RO.Rollout, RO.Scored, int]:
+def rewarded(s: Stage2, ro: RO.Rollout) -> tuple[RO.Rollout, RO.Scored, list[int]]:
     """The rollout's rewards; with ``rl.demo_in_failed_groups`` first the demonstrated
     response in place of the last one of every group where no sampled response passed
     (``rollout.insert_demos``), rescored. Returns (rollout, scored, [demo responses
-    inserted, of which passed their own reward])."""
+    inserted, of which passed their own reward, failed groups left without one])."""
     scored = reward(s, ro)
     if not s.rl.get("demo_in_failed_groups", False):
-        return ro, scored, [0, 0]
+        return ro, scored, [0, 0, 0]
     decode = lambda ids: G.decode_response(s.tokenizer, ids, s.stop)
-    ro, replaced = RO.insert_demos(ro, scored.success, s.stop, s.pad_id, decode)
+    ro, replaced, unplaced = RO.insert_demos(ro, scored.success, s.stop, s.pad_id, decode)
     if replaced.any():
         scored = reward(s, ro)
-    return ro, scored, [int(replaced.sum()), int((replaced & scored.success).sum())]
+    return ro, scored, [int(replaced.sum()), int((replaced & scored.success).sum()), unplaced]
 
 
 def reward(s: Stage2, ro: RO.Rollout) -> RO.Scored:
@@ -107,8 +107,9 @@ class Collected:
     dropped_groups: int = 0
     short_groups: int = 0      # update slots filled with dropped groups (no loss) at the round limit
     greedy_right: int = 0      # groups whose prompt's greedy response passed (greedy_wrong drops them)
-    demos: tuple = (0, 0)      # demonstrated responses put in failed groups (rl.demo_in_failed_groups), kept
-                               # or not; of which passed their own reward (a rendering check: all should)
+    demos: tuple = (0, 0, 0)   # demonstrated responses put in failed groups (rl.demo_in_failed_groups), kept
+                               # or not; of which passed their own reward (a rendering check: all should);
+                               # failed groups left without one (no label, or longer than rl.max_new_tokens)
 
 
 def collect(s: Stage2, params, prompts, step: int, base_key) -> Collected:
@@ -125,7 +126,7 @@ def collect(s: Stage2, params, prompts, step: int, base_key) -> Collected:
         return Collected(ro, scored, demos=tuple(demos))
     G_ = s.rl.group_size
     quota = update_groups(s.config) // jax.process_count()
-    parts, kept, rounds, greedy_right, demos = [], 0, 0, 0, np.zeros(2, np.int64)
+    parts, kept, rounds, greedy_right, demos = [], 0, 0, 0, np.zeros(3, np.int64)
     while True:
         ro, greedy = _rollout_next(s, params, prompts, key(rounds), greedy_needed=gf.greedy_wrong)
         ro, scored, n_demos = rewarded(s, ro)
@@ -381,8 +382,9 @@ def rollout_metrics(c: Collected, adv: dict, method: str, max_new_tokens: int, f
                 "response_length": float(g["lengths"][v].mean()),
                 "truncated_fraction": float((g["lengths"][v] >= max_new_tokens).mean()),
                 "advantage_abs_mean": float(np.abs(g["adv"][v]).mean())})
-    if demo:   # demonstrated responses put in this step's rounds, and how many passed their own reward
-        row.update({"demo/inserted": int(counts[4]), "demo/passed": int(counts[5])})
+    if demo:   # demonstrated responses put in this step's rounds, how many passed their own reward, and
+        # the failed groups that got none (no label, or a label longer than rl.max_new_tokens)
+        row.update({"demo/inserted": int(counts[4]), "demo/passed": int(counts[5]), "demo/unplaced": int(counts[6])})
     for k in sc.parts:
         row[f"reward_{k}"] = float(g[f"part_{k}"][v].mean())
     if method == "grpo":

@@ -361,25 +361,26 @@ def demo_response(label_ids, stop_token_ids: Sequence[int], slots: int) -> np.nd
 
 
 def insert_demos(ro: Rollout, passed: np.ndarray, stop_token_ids: Sequence[int], pad_id: int, decode
-                 ) -> tuple[Rollout, np.ndarray]:
+                 ) -> tuple[Rollout, np.ndarray, int]:
     """Off-policy guidance (``rl.demo_in_failed_groups``): in every valid group where no
     response passed, the last response becomes the record's demonstrated one (tokens,
     length, text; its sampler log-probs 0: they must be recomputed). ``decode``: ids -> text.
-    Returns the new rollout and the rows replaced (bool [R])."""
+    Returns the new rollout, the rows replaced (bool [R]) and the failed groups left as they
+    were (no label, or a label longer than the response slots: :func:`demo_response`)."""
     G_ = ro.group_size
     replaced = np.zeros(ro.rows, bool)
-    if ro.label_ids is None:
-        return ro, replaced
-    tokens, lengths, logp, texts = ro.tokens.copy(), ro.lengths.copy(), ro.sample_logp.copy(), list(ro.texts)
     ok = np.asarray(passed, bool) & ro.valid
-    for g in range(ro.groups):
+    failed = [g for g in range(ro.groups) if ro.valid[g * G_] and not ok[g * G_:(g + 1) * G_].any()]
+    if ro.label_ids is None:
+        return ro, replaced, len(failed)
+    tokens, lengths, logp, texts = ro.tokens.copy(), ro.lengths.copy(), ro.sample_logp.copy(), list(ro.texts)
+    for g in failed:
         r = g * G_ + G_ - 1
-        if not ro.valid[r] or ok[g * G_:(g + 1) * G_].any():
-            continue
         ids = demo_response(ro.label_ids[r], stop_token_ids, tokens.shape[1])
         if ids is None:
             continue
         tokens[r] = pad_id
         tokens[r, :len(ids)] = ids
         lengths[r], logp[r], texts[r], replaced[r] = len(ids), 0.0, decode(ids), True
-    return dataclasses.replace(ro, tokens=tokens, lengths=lengths, sample_logp=logp, texts=texts), replaced
+    ro = dataclasses.replace(ro, tokens=tokens, lengths=lengths, sample_logp=logp, texts=texts)
+    return ro, replaced, len(failed) - int(replaced.sum())
