@@ -285,10 +285,8 @@ KEYS: dict[str, Key] = {
                                         "also drop groups whose prompt's greedy response passes (keep states where the "
                                         "policy's mode is wrong and a sample is right)"),
     "rl.demo_in_failed_groups": Key(False, K.boolean(),
-                                    "GRPO: in a group where no sampled response passes, the last response is "
-                                    "replaced by the record's demonstrated action, as SFT renders it (off-policy "
-                                    "guidance; metrics demo/inserted, demo/passed, demo/unplaced); old log-probs "
-                                    "are then recomputed"),
+                                    "GRPO: in a group where no sample passes, the last response becomes the record's "
+                                    "demonstrated action (off-policy guidance; old log-probs recomputed; demo/* metrics)"),
     "rl.served.timeout": Key(120.0, K.number(0, lo_open=True), "seconds per request to a served scorer"),
     "rl.served.retries": Key(3, K.integer(0), "more attempts per failed request (backoff 1 s x 2^k, jittered, <= 30 s)"),
     "rl.served.concurrency": Key(8, K.integer(1), "requests in flight per served scorer and process"),
