@@ -287,6 +287,11 @@ KEYS: dict[str, Key] = {
     "rl.demo_in_failed_groups": Key(False, K.boolean(),
                                     "GRPO: in a group where no sample passes, the last response becomes the record's "
                                     "demonstrated action (off-policy guidance; old log-probs recomputed; demo/* metrics)"),
+    "rl.sft_replay.every": Key(0, K.integer(0, note="(0 = off)"),
+                               "one ASFT step (loss.*) on data.train_files after every this many RL rounds, same "
+                               "optimizer: replay against forgetting (0 = off)"),
+    "rl.sft_replay.batch_size": Key(0, K.integer(0, note="(0 = data.batch_size)"),
+                                    "packed rows per replay micro-batch over all processes (0 = data.batch_size)"),
     "rl.served.timeout": Key(120.0, K.number(0, lo_open=True), "seconds per request to a served scorer"),
     "rl.served.retries": Key(3, K.integer(0), "more attempts per failed request (backoff 1 s x 2^k, jittered, <= 30 s)"),
     "rl.served.concurrency": Key(8, K.integer(1), "requests in flight per served scorer and process"),

@@ -14,8 +14,10 @@ from guilibra_jax import sharding as S
 from guilibra_jax.train import plan as P
 from guilibra_jax.train.rl import frozen as FZ
 from guilibra_jax.train.rl import layout as L
+from guilibra_jax.train.rl import replay as RP
 from guilibra_jax.train.rl import rollout as RO
 from guilibra_jax.train.rl.setup import reuse_sampler_log_probs, shares_prompts, update_groups
+from guilibra_jax.train.sft.plan import sft_host
 
 
 def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: int | None = None) -> dict:
@@ -56,6 +58,17 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     st["resident_args"] = P.per_device_bytes(abs_state)
     st["gradients_estimate"] = resident[trained]
     programs["update"] = st
+
+    if s.replay_fn is not None:   # rl.sft_replay: the ASFT step on the same state
+        rc = RP.replay_config(config)
+        host = sft_host(rc, mc, rc.data.batch_size, processes)
+        batch = P.batch_struct(mesh, host, micro_axis=True)
+        extra = () if s.lora is None else (P.abstract(s.lora.base, s.lora.base_sh),)
+        st = P.compiled_stats(P.compile_program(s.replay_fn.lower(abs_state, batch, *extra),
+                                                (abs_state, batch, *extra)))
+        st["resident_args"] = P.per_device_bytes((abs_state, *extra))
+        st["gradients_estimate"] = resident[trained]
+        programs["sft_replay"] = st
 
     # sampler: prefill of the call's distinct prompts (shared by their copies) + decode loop
     # over gen_rows rows (KV cache of T - 1 slots)

@@ -17,6 +17,7 @@ from guilibra_jax.errors import ConfigError
 from guilibra_jax.train import data_source, model_factory
 from guilibra_jax.train.lora_state import FrozenBase
 from guilibra_jax.train.rl import frozen as FZ
+from guilibra_jax.train.rl import replay as RP
 from guilibra_jax.train.rl import rollout as RO
 from guilibra_jax.train.rl.step import make_rl_step
 from guilibra_jax.train.state import jit_update, optimizer_from_config, sharded_state
@@ -40,6 +41,7 @@ class Stage2:
     row_multiple: int       # rows per process of any global batch: a multiple of this
     think_opened: bool = False   # prompts open <think> (data.open_think): responses may lack it
     lora: Any = None        # LoRA (model.lora.rank > 0): lora_state.FrozenBase; the state's params are adapters
+    replay_fn: Any = None   # rl.sft_replay: the jitted ASFT step on the same state (replay.make_replay_fn)
 
     def policy(self, params):
         """The policy's model parameters from the state's ``params``: themselves, or with
@@ -163,7 +165,8 @@ def setup(config, mesh, tokenizer, *, materialize: bool = True) -> tuple[Stage2,
     base = params
     if lora is not None:     # LoRA: the adapters train; the base is frozen (and GRPO's default reference)
         base, params, param_sh = lora.base, lora.adapters, lora.adapter_sh
-    tx, schedule = optimizer_from_config(config, params, tc.steps * rl.ppo_epochs * rl.minibatches)
+    tx, schedule = optimizer_from_config(config, params, tc.steps * rl.ppo_epochs * rl.minibatches
+                                         + RP.optimizer_steps(config))
     frozen: dict[str, FZ.Frozen] = {}
     if config.method == "grpo":
         if rl.reference or (not materialize and lora is None):
@@ -186,6 +189,7 @@ def setup(config, mesh, tokenizer, *, materialize: bool = True) -> tuple[Stage2,
                                       None if lora is None else lora.spec)
     update_fn = with_teachers(jit_update(step_fn, mesh, state_sh), teacher_params,
                               None if lora is None else lora.base)
+    replay_fn = RP.make_replay_fn(config, graphdef, tx, schedule, mesh, state_sh, lora)
     pad_id, stop = special_ids(tokenizer, model_config)
     sampling = G.SamplingConfig(temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k,
                                 max_new_tokens=rl.max_new_tokens, stop_token_ids=stop, pad_token_id=pad_id,
@@ -193,7 +197,7 @@ def setup(config, mesh, tokenizer, *, materialize: bool = True) -> tuple[Stage2,
     dp = int(np.prod([mesh.shape[a] for a in S.BATCH_AXES]))
     s2 = Stage2(config, mesh, graphdef, model_config, tokenizer, sampling, frozen, update_fn, pad_id, stop, banned,
                 row_multiple=max(1, dp // jax.process_count()),
-                think_opened=_think_opened(config, tokenizer), lora=lora)
+                think_opened=_think_opened(config, tokenizer), lora=lora, replay_fn=replay_fn)
     return s2, state, state_sh
 
 

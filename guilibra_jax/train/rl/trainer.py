@@ -1,6 +1,7 @@
 """The stage-2 trainer the run harness (``train/run.py``) drives for ``method=grpo|mopd``:
 one harness step is one round of the phases (``rl/phases.py``): collect -> advantages ->
-score -> ``rl.ppo_epochs x rl.minibatches`` updates."""
+score -> ``rl.ppo_epochs x rl.minibatches`` updates (then, every ``rl.sft_replay.every``
+rounds, one ASFT step on the training files: ``rl/replay.py``)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from guilibra_jax.train.lora_state import export_adapter
 from guilibra_jax.train.rl import advantages as ADV
 from guilibra_jax.train.rl import frozen as FZ
 from guilibra_jax.train.rl import phases as PH
+from guilibra_jax.train.rl import replay as RP
 from guilibra_jax.train.rl.online import OnlinePrompts
 from guilibra_jax.train.rl.plan import plan_stage2
 from guilibra_jax.train.rl.setup import setup
@@ -59,7 +61,7 @@ class RLTrainer:
         self.lora_base = s.lora
         self.config, self.graphdef, self.model_config = s.config, s.graphdef, s.model_config
         self.eval_at_start = True   # the starting (SFT) policy, for comparison
-        self.prompts = None
+        self.prompts = self.replay_data = None
         self.base_key = jax.random.PRNGKey(self.config.data.seed + 7919 * self.config.model.seed)
         limit = self.config.rl.served.max_failed_steps
         self.served_watch = {f.name: SV.FailedSteps(f.key, limit) for f in s.frozen.values() if FZ.is_served(f)}
@@ -84,7 +86,9 @@ class RLTrainer:
             data_source.record_data_info(self.workdir, self.prompts.loader.info)
         if config.method == "mopd":   # every platform of the data has a teacher (ConfigError naming rl.teachers)
             check_teachers(config.rl.teachers, MH.gather_strings(list(self.prompts.loader.info.get("platforms", []))))
-        return self.prompts
+        if RP.every(config):
+            self.replay_data = RP.open_replay(config, s.tokenizer, s.model_config, self.workdir)
+        return RP.RunData(self.prompts, self.replay_data)
 
     def make_evaluator(self):
         if self.config.method != "grpo":
@@ -105,12 +109,20 @@ class RLTrainer:
         t2 = time.time()
         state, metrics, applied = PH.update(s, state, c.ro, adv, scores)
         t3 = time.time()
+        replayed = {}
+        if RP.every(self.config) and (step + 1) % RP.every(self.config) == 0:
+            state, replayed, ok = RP.replay(s, state, self.replay_data)
+            applied.append(ok)
+        t4 = time.time()
+        if replayed:
+            replayed["sft_replay_s"] = t4 - t3
         row = PH.rollout_metrics(c, adv, self.config.method, rl.max_new_tokens, rl.group_filter.enabled,
                                  rl.demo_in_failed_groups)  # collective
         row.update(PH.teacher_kl_metrics(s, metrics))   # (pops the update's per-teacher sums)
         row.update({k: float(v) for k, v in metrics.items()})
+        row.update(replayed)
         row.update(PH.served_metrics(s, scores, self.served_watch))   # collective
-        row.update(sample_s=t1 - t0, score_s=t2 - t1, update_s=t3 - t2, step_s=t3 - t0)
+        row.update(sample_s=t1 - t0, score_s=t2 - t1, update_s=t3 - t2, step_s=t4 - t0)
         row.update(data_source.drop_metrics(prompts))   # process 0's record counts
         if hasattr(prompts, "metrics"):                  # process 0's episodes (rl.world)
             row.update(prompts.metrics())

@@ -12,13 +12,9 @@ def plan_sft(config, mesh, graphdef, state, state_sh, step_jit, model_config, de
     """The ASFT step at the recipe's shapes: ``state`` abstract or concrete with
     ``state_sh``; ``step_jit`` the jitted (state, batch[, base]) -> (state, metrics);
     ``frozen``: LoRA's :class:`lora_state.FrozenBase` (the state's params are adapters)."""
-    d, tc = config.data, config.train
-    rows, T, M = d.batch_size, P.prompt_length(config), tc.grad_accum
-    pv, vision = P.image_inputs(config, model_config, rows, processes)
-    i32 = np.zeros((M, rows, T), np.int32)
-    host = {"input_ids": i32, "targets": i32, "loss_segments": i32, "segment_ids": i32,
-            "positions": np.zeros((M, 3, rows, T), np.int32), "pixel_values": P.repeat(pv, M),
-            "vision": {k: P.repeat(v, M) for k, v in vision.items()}}
+    rows, T, M = config.data.batch_size, P.prompt_length(config), config.train.grad_accum
+    host = sft_host(config, model_config, rows, processes)
+    pv = host["pixel_values"][0]
     abs_state = P.abstract(state, state_sh)
     batch = P.batch_struct(mesh, host, micro_axis=True)
     extra = () if frozen is None else (P.abstract(frozen.base, frozen.base_sh),)
@@ -35,3 +31,14 @@ def plan_sft(config, mesh, graphdef, state, state_sh, step_jit, model_config, de
     step = {**st, "gradients_estimate": grads}
     return P.build_report(mesh, resident, {"asft_step": step}, device_memory_gib,
                    {"shapes": {"micro_batches": M, "rows": rows, "tokens": T, "patches": int(pv.shape[0])}})
+
+
+def sft_host(config, model_config, rows: int, processes: int) -> dict:
+    """Host-shaped (zeros) ASFT micro-batches [train.grad_accum, ...] of ``rows`` packed
+    rows of the recipe's longest sequence, with their images (what the step compiles for)."""
+    T, M = P.prompt_length(config), config.train.grad_accum
+    pv, vision = P.image_inputs(config, model_config, rows, processes)
+    i32 = np.zeros((M, rows, T), np.int32)
+    return {"input_ids": i32, "targets": i32, "loss_segments": i32, "segment_ids": i32,
+            "positions": np.zeros((M, 3, rows, T), np.int32), "pixel_values": P.repeat(pv, M),
+            "vision": {k: P.repeat(v, M) for k, v in vision.items()}}
