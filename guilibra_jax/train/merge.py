@@ -1,6 +1,7 @@
-"""Weight merging of models of one architecture: weighted averaging and TIES.
+"""Weight merging of models of one architecture: weighted averaging, task arithmetic and TIES.
 
     params = average([p_a, p_b], weights=[0.5, 0.5])
+    params = task_arithmetic([p_a, p_b], base=p_0, scale=2.0)
     params = ties([p_a, p_b], base=p_0, density=0.2)
     merge_folders("average", ["runs/a", "runs/b/export"], "runs/avg")   # launch.merge
 
@@ -10,6 +11,12 @@ are pure functions of them, computed in float64 on the host.
 * **average**: ``sum_i w_i x_i`` with the weights normalised to sum 1, written as
   ``x_0 + sum_i w_i (x_i - x_0)`` so that the average of identical models is the model,
   bit for bit.
+* **task arithmetic** (Ilharco et al., 2023, "Editing Models with Task Arithmetic"):
+  ``base + scale * sum_i w_i (x_i - base)``, the weights normalised to sum 1: the
+  weighted mean task vector, scaled. ``scale`` 1 is the weighted average of the inputs;
+  above 1 it extrapolates along the inputs' shared update (runs from one start whose
+  individual updates are partly noise average that noise down, and ``scale`` restores
+  the size of what they share).
 * **TIES** (Yadav et al., 2023, "TIES-Merging"): task vectors ``t_i = x_i - base``;
   *trim* each to its ``density`` fraction of largest magnitudes per tensor (the others
   set to 0); *elect* a sign per entry, the sign of the weighted sum ``sum_i w_i t_i``
@@ -46,7 +53,8 @@ from guilibra_jax.errors import UserError
 
 log = logging.getLogger(__name__)
 
-METHODS = ("average", "ties")
+METHODS = ("average", "task_arithmetic", "ties")
+NEEDS_BASE = ("task_arithmetic", "ties")
 MERGE_FILE = "merge.json"
 VOCAB_TENSORS = ("embed", "lm_head")   # tensors whose rows are the vocabulary
 
@@ -90,6 +98,17 @@ def average_tensors(xs: Sequence[np.ndarray], weights: Sequence[float] | None = 
     return out.astype(np.asarray(xs[0]).dtype)
 
 
+def task_arithmetic_tensors(xs: Sequence[np.ndarray], base: np.ndarray, scale: float = 1.0,
+                            weights: Sequence[float] | None = None) -> np.ndarray:
+    """``base + scale * sum_i w_i (x_i - base)`` (weights normalised), in the base's dtype."""
+    if not np.isfinite(scale) or scale <= 0:
+        raise UserError(f"--scale={scale}: expected a finite number > 0")
+    w = _weights(weights, len(xs), normalise=True)
+    b = np.asarray(base, np.float64)
+    tau = sum(wi * (np.asarray(x, np.float64) - b) for wi, x in zip(w, xs))
+    return (b + scale * tau).astype(np.asarray(base).dtype)
+
+
 def trim(tau: np.ndarray, density: float) -> np.ndarray:
     """``tau`` with all but its ``max(1, round(density * n))`` largest magnitudes zeroed."""
     flat = np.asarray(tau).reshape(-1)
@@ -121,13 +140,13 @@ def ties_tensors(xs: Sequence[np.ndarray], base: np.ndarray, density: float = 0.
 
 def merge_params(method: str, params: Sequence[Mapping[str, Any]], *, names: Sequence[str],
                  weights: Sequence[float] | None = None, base: Mapping[str, Any] | None = None,
-                 base_name: str = "--base", density: float = 0.2) -> dict[str, Any]:
+                 base_name: str = "--base", density: float = 0.2, scale: float = 1.0) -> dict[str, Any]:
     """Merge parameter trees (nested dicts of arrays) of one architecture; ``names``
     label the inputs in errors (UserError naming the tensor and the inputs)."""
     if method not in METHODS:
         raise UserError(f"--method={method!r} is invalid: expected one of {METHODS}")
-    if method == "ties" and base is None:
-        raise UserError("--method=ties needs --base (the model the inputs were fine-tuned from)")
+    if method in NEEDS_BASE and base is None:
+        raise UserError(f"--method={method} needs --base (the model the inputs were fine-tuned from)")
     flats = [flatten(p) for p in params]
     trees, labels = list(flats), list(names)
     if base is not None:
@@ -137,8 +156,12 @@ def merge_params(method: str, params: Sequence[Mapping[str, Any]], *, names: Seq
     out = {}
     for name in flats[0]:
         xs = [np.asarray(f[name]) for f in flats]
-        out[name] = (average_tensors(xs, weights) if method == "average"
-                     else ties_tensors(xs, np.asarray(trees[-1][name]), density, weights))
+        if method == "average":
+            out[name] = average_tensors(xs, weights)
+        elif method == "task_arithmetic":
+            out[name] = task_arithmetic_tensors(xs, np.asarray(trees[-1][name]), scale, weights)
+        else:
+            out[name] = ties_tensors(xs, np.asarray(trees[-1][name]), density, weights)
     return unflatten(out, params[0])
 
 
@@ -271,7 +294,7 @@ def write_files(out: str, inp: Input, model_config) -> None:
 
 
 def merge_folders(method: str, inputs: Sequence[str], out: str, *, weights: Sequence[float] | None = None,
-                  base: str = "", density: float = 0.2) -> str:
+                  base: str = "", density: float = 0.2, scale: float = 1.0) -> str:
     """Merge the models ``inputs`` (HF folders or workdirs) into the HF folder ``out``."""
     from flax import nnx
 
@@ -280,10 +303,13 @@ def merge_folders(method: str, inputs: Sequence[str], out: str, *, weights: Sequ
 
     if method not in METHODS:
         raise UserError(f"--method={method!r} is invalid: expected one of {METHODS}")
-    if len(inputs) < 2:
-        raise UserError(f"--inputs={','.join(inputs)!r}: give at least two models to merge")
-    if method == "ties" and not base:
-        raise UserError("--method=ties needs --base (the model the inputs were fine-tuned from)")
+    least = 1 if method == "task_arithmetic" else 2    # (one run's own update, scaled)
+    if len(inputs) < least:
+        raise UserError(f"--inputs={','.join(inputs)!r}: --method={method} needs at least {least} input models")
+    if method in NEEDS_BASE and not base:
+        raise UserError(f"--method={method} needs --base (the model the inputs were fine-tuned from)")
+    if method == "task_arithmetic" and (not np.isfinite(scale) or scale <= 0):
+        raise UserError(f"--scale={scale}: expected a finite number > 0")
     atomic.check_replaceable(out)   # before the models are loaded
     resolved = [resolve_input(p) for p in inputs] + ([resolve_input(base, "--base")] if base else [])
     labels = [f"--inputs {p}" for p in inputs] + ([f"--base {base}"] if base else [])
@@ -295,7 +321,8 @@ def merge_folders(method: str, inputs: Sequence[str], out: str, *, weights: Sequ
     check_same_tensors([flatten(p) for p in params], labels)
     check_architectures(configs, resolved, labels)
     merged = merge_params(method, params[:len(inputs)], names=labels[:len(inputs)], weights=weights,
-                          base=params[-1] if base else None, base_name=labels[-1], density=density)
+                          base=params[-1] if base else None, base_name=labels[-1], density=density,
+                          scale=scale)
     graphdef, _, model_config = loaded[0]
     dtype = model_factory.dtype_of(_stored_dtype(resolved[0]), "dtype")
     model = nnx.merge(graphdef, merged)
@@ -305,7 +332,8 @@ def merge_folders(method: str, inputs: Sequence[str], out: str, *, weights: Sequ
         with open(os.path.join(tmp, MERGE_FILE), "w") as f:
             json.dump({"method": method, "inputs": list(inputs), "loaded_from": [r.weights for r in resolved],
                        "weights": list(weights) if weights is not None else None, "base": base or None,
-                       "ties_density": density if method == "ties" else None}, f, indent=2)
+                       "ties_density": density if method == "ties" else None,
+                       "scale": scale if method == "task_arithmetic" else None}, f, indent=2)
             f.write("\n")
     log.info("merged %s (%s) into %s", inputs, method, out)
     return out

@@ -59,6 +59,17 @@ def test_ties_equals_the_hand_computed_merge():
   np.testing.assert_allclose(MG.ties_tensors([base + 2, base + 4], base, density=1.0, weights=[1, 3]), base + 3.5)
 
 
+def test_task_arithmetic_equals_the_hand_computed_merge():
+  base = np.ones(3, np.float32)
+  xs = [base + 2, base + np.array([4, 0, -4], np.float32)]
+  # weights 1, 3 normalised: mean task vector [3.5, 0.5, -2.5]; scale 2 doubles it
+  np.testing.assert_array_equal(MG.task_arithmetic_tensors(xs, base, 2.0, [1, 3]), base + np.array([7, 1, -5]))
+  np.testing.assert_allclose(MG.task_arithmetic_tensors(xs, base, 1.0), MG.average_tensors(xs), rtol=0, atol=1e-6)
+  np.testing.assert_array_equal(MG.task_arithmetic_tensors([base + 2], base, 3.0), base + 6)
+  with pytest.raises(UserError, match="--scale"):
+    MG.task_arithmetic_tensors(xs, base, 0.0)
+
+
 def test_trim_keeps_the_largest_magnitudes_per_tensor():
   t = np.array([[0.1, -5.0, 2.0], [-3.0, 0.0, 1.0]])
   np.testing.assert_array_equal(MG.trim(t, 0.5), [[0, -5.0, 2.0], [-3.0, 0, 0]])
@@ -98,10 +109,11 @@ def _torch_logits(model, ids, mask, positions):
                  position_ids=torch.tensor(positions, dtype=torch.long)).logits.numpy()
 
 
-@pytest.mark.parametrize("method", ["average", "ties"])
+@pytest.mark.parametrize("method", ["average", "task_arithmetic", "ties"])
 def test_merged_folder_loads_in_transformers_with_our_loaders_logits(folders, tmp_path, method):
   from transformers import AutoModelForImageTextToText
-  kw = dict(weights=[0.25, 0.75]) if method == "average" else dict(base=folders["base"], density=0.3)
+  kw = {"average": dict(weights=[0.25, 0.75]), "task_arithmetic": dict(base=folders["base"], scale=2.0),
+        "ties": dict(base=folders["base"], density=0.3)}[method]
   out = MG.merge_folders(method, [folders["a"], folders["b"]], str(tmp_path / method), **kw)
   # the tensors against transformers' own state dicts (merged here with torch ops)
   sd = [AutoModelForImageTextToText.from_pretrained(folders[n]).state_dict() for n in ("a", "b", "base")]
@@ -111,6 +123,8 @@ def test_merged_folder_loads_in_transformers_with_our_loaders_logits(folders, tm
   a, b, base = (s[name].double().numpy() for s in sd)
   if method == "average":
     want = 0.25 * a + 0.75 * b
+  elif method == "task_arithmetic":
+    want = base + 2.0 * (0.5 * (a - base) + 0.5 * (b - base))
   else:   # TIES with torch.topk trimming: an independent route to the same numbers
     taus = []
     for x in (a, b):
