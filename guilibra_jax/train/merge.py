@@ -1,8 +1,8 @@
 """Weight merging of models of one architecture: weighted averaging, task arithmetic and TIES.
 
-    params = average([p_a, p_b], weights=[0.5, 0.5])
-    params = task_arithmetic([p_a, p_b], base=p_0, scale=2.0)
-    params = ties([p_a, p_b], base=p_0, density=0.2)
+    params = merge_params("average", [p_a, p_b], names=["a", "b"], weights=[0.5, 0.5])
+    params = merge_params("task_arithmetic", [p_a, p_b], names=["a", "b"], base=p_0, scale=2.0)
+    params = merge_params("ties", [p_a, p_b], names=["a", "b"], base=p_0, density=0.2)
     merge_folders("average", ["runs/a", "runs/b/export"], "runs/avg")   # launch.merge
 
 Parameters are nested dicts of arrays (``nnx.to_pure_dict`` of the models); both merges
