@@ -1,6 +1,6 @@
 """Export a training checkpoint to a Hugging Face folder (loads in transformers / vLLM).
 
-    python -m launch.convert --workdir=runs/demo [--step=N] [--out=runs/demo/hf]
+    python -m launch.convert --workdir=runs/demo [--step=N] [--out=runs/demo/hf] [--weights=params|ema]
 
 Reads only the parameters of the checkpoint (orbax partial restore: no optimizer state
 in memory) and writes the complete export of ``guilibra_jax.train.export``: weights,
@@ -21,11 +21,15 @@ __doc__ += recipes.index_text()   # --help lists the recipes in configs/
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder holding config.json and checkpoints/.")
 _OUT = flags.DEFINE_string("out", None, "Output folder (default: WORKDIR/export_step<N>).")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest complete one).")
+_WEIGHTS = flags.DEFINE_enum("weights", None, ["params", "ema"],
+                             "Which weights: the trained parameters, or their moving average (optim.ema_decay). "
+                             "Default: what the run's own export writes (ema when optim.ema_decay > 0).")
 flags.mark_flags_as_required(["workdir"])
 
 
-def convert(workdir: str, out: str | None = None, step: int | None = None) -> str:
-    """Export checkpoint ``step`` (None: the latest) of ``workdir`` to ``out``; returns ``out``."""
+def convert(workdir: str, out: str | None = None, step: int | None = None, weights: str | None = None) -> str:
+    """Export checkpoint ``step`` (None: the latest) of ``workdir`` to ``out``; returns ``out``.
+    ``weights``: "params" or "ema" (None: "ema" when the run kept a parameter average)."""
     from flax import nnx
 
     from guilibra_jax import atomic
@@ -44,20 +48,23 @@ def convert(workdir: str, out: str | None = None, step: int | None = None) -> st
     tokenizer = data_source.prepare_tokenizer(config, workdir)
     abstract = nnx.eval_shape(lambda: model_factory.build_model(config, tokenizer)[0])
     graphdef, pstate, _ = nnx.split(abstract, nnx.Param, ...)
+    weights = weights or ("ema" if config.optim.ema_decay > 0 else "params")
+    key = ("opt_state", "ema") if weights == "ema" else ("params",)
     try:
-        step, params = C.restore_params_only(os.path.join(workdir, "checkpoints"), nnx.to_pure_dict(pstate), step)
+        step, params = C.restore_params_only(os.path.join(workdir, "checkpoints"), nnx.to_pure_dict(pstate), step,
+                                             key=key)
     except FileNotFoundError as e:
-        raise UserError(f"--workdir={workdir} --step={step}: {e}") from None
+        raise UserError(f"--workdir={workdir} --step={step} --weights={weights}: {e}") from None
     out = out or os.path.join(workdir, f"export_step{step}")
     model_factory.export(graphdef, params, abstract.config, tokenizer, out, config=config)
-    logging.info("exported step %d to %s", step, out)
+    logging.info("exported step %d (%s) to %s", step, weights, out)
     return out
 
 
 def main(argv):
     del argv
     logging.getLogger().setLevel(logging.INFO)
-    print(convert(_WORKDIR.value, _OUT.value, _STEP.value))
+    print(convert(_WORKDIR.value, _OUT.value, _STEP.value, _WEIGHTS.value))
 
 
 if __name__ == "__main__":

@@ -165,13 +165,16 @@ def write_json(path: str, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def restore_params_only(directory: str, abstract_params: Any, step: int | None = None) -> tuple[int, Any]:
+def restore_params_only(directory: str, abstract_params: Any, step: int | None = None,
+                        key: tuple[str, ...] = ("params",)) -> tuple[int, Any]:
     """(step, params) of a train checkpoint, reading the parameters and nothing else
     (orbax partial restore): the optimizer state (two more copies of the parameters
     for Adam) is never read or held. For export, evaluation, references and teachers.
 
     ``abstract_params``: the parameter tree (arrays or ``jax.ShapeDtypeStruct``, with
-    ``sharding`` to restore sharded; host arrays otherwise)."""
+    ``sharding`` to restore sharded; host arrays otherwise), restored in its dtypes.
+    ``key``: where the tree sits in the state; ``("opt_state", "ema")`` reads the
+    parameter average of ``optim.ema_decay`` instead."""
     directory = os.path.abspath(directory)
     manager = ocp.CheckpointManager(directory, item_handlers={"state": ocp.PyTreeCheckpointHandler()})
     try:
@@ -181,12 +184,28 @@ def restore_params_only(directory: str, abstract_params: Any, step: int | None =
         if step not in manager.all_steps():
             raise FileNotFoundError(f"no complete checkpoint step {step} under {directory} "
                                     f"(complete steps: {sorted(manager.all_steps())})")
-        target = {"params": jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
-            abstract_params)}
+        target = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), abstract_params)
+        for name in reversed(key):
+            target = {name: target}
+        if key != ("params",):
+            _check_saved(manager, step, key, directory)
         restore_args = ocp.checkpoint_utils.construct_restore_args(target)
         out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
             item=target, restore_args=restore_args, partial_restore=True)))
     finally:
         manager.close()
-    return step, out["state"]["params"]
+    out = out["state"]
+    for name in key:
+        out = out[name]
+    return step, out
+
+
+def _check_saved(manager, step: int, key: tuple[str, ...], directory: str) -> None:
+    """FileNotFoundError naming ``key`` when checkpoint ``step`` does not hold it."""
+    tree = manager.item_metadata(step)["state"]
+    tree = getattr(tree, "tree", tree)
+    for name in key:
+        if not hasattr(tree, "get") or tree.get(name) is None:
+            raise FileNotFoundError(f"checkpoint step {step} under {directory} holds no {'/'.join(key)}")
+        tree = tree[name]

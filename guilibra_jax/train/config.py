@@ -206,6 +206,9 @@ KEYS: dict[str, Key] = {
     "optim.clip_norm": Key(1.0, K.number(0, note="(0 = no clipping)"), "global gradient-norm clip (0 = no clipping)"),
     "optim.lr_multipliers": Key({}, K.regex_to_number(0.0), "parameter-path regex -> learning-rate factor"),
     "optim.freeze": Key((), K.regexes("parameter paths not trained"), "parameter-path regexes not trained"),
+    "optim.ema_decay": Key(0.0, K.number(0, 1, hi_open=True, note="(0 = off)"),
+                           "moving average of the trained parameters (float32, in the optimizer state, from the "
+                           "initial ones); the export and launch.convert write it, not the last ones (0 = off)"),
     # ------------------------------------------------------------------ rl (stage 2: grpo, mopd)
     "rl.group_size": Key(8, K.integer(2, note="(group-relative advantages)"),
                          "G responses per prompt (data.batch_size prompts per round)"),

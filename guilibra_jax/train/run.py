@@ -32,6 +32,7 @@ from guilibra_jax.train.curves import write_curves
 from guilibra_jax.train.guards import Divergence, Preemption
 from guilibra_jax.train.lora_state import check_base
 from guilibra_jax.train.metrics import Progress, writer_for_run
+from guilibra_jax.train.optimizer import averaged
 from guilibra_jax.train.profiler import StepProfiler
 from guilibra_jax.train.rl.trainer import RLTrainer
 from guilibra_jax.train.sft.trainer import SFTTrainer
@@ -106,10 +107,12 @@ def eval_and_checkpoint(step: int, state, last_row: dict, tc, evaluator, writer,
 def finish_run(step: int, state, tc, ckpt, progress, writer, trainer, tokenizer, workdir: str,
                is_main: bool = True) -> None:
     """Wait for checkpoints, export a Hugging Face folder (and the trainer's extras) if
-    the run completed, close logs."""
+    the run completed, close logs. With ``optim.ema_decay`` the export is of the
+    parameters' moving average."""
     ckpt.wait()
     progress.close()
     if step >= tc.steps and tc.export:
+        state = averaged(state)
         params = MH.host_params(trainer.model_params(state))   # a collective with several processes
         if is_main:
             export_dir = tc.export_dir or os.path.join(workdir, "export")

@@ -30,6 +30,9 @@ HISTORY_FILE = "config_history.jsonl"
 # the experiment: where the job runs (coordinator, process ids), how it reports, and the
 # override switch itself.
 IGNORED_PREFIXES = ("distributed.", "train.allow_config_change", "train.progress")
+# Keys whose switching on or off changes what a checkpoint holds: refused on a rerun even
+# with train.allow_config_change (the checkpoints could not restore).
+STRUCTURAL = {"optim.ema_decay": "the parameters' moving average (in the optimizer state)"}
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
@@ -91,6 +94,11 @@ def record_config(config, workdir: str, *, is_main: bool = True) -> None:
     if not changes:
         return
     listing = ", ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in ((k, *v) for k, v in changes.items()))
+    for key, what in STRUCTURAL.items():
+        if key in changes and bool(changes[key][0]) != bool(changes[key][1]):
+            raise ConfigError(f"config key {key} cannot be switched {'on' if changes[key][1] else 'off'} in "
+                              f"workdir {workdir}: its checkpoints {'lack' if changes[key][1] else 'hold'} {what}. "
+                              f"Rerun with {key}={changes[key][0]!r} or use a new --workdir")
     if not config.train.allow_config_change:
         raise ConfigError(f"workdir {workdir} holds a run started with a different config ({path}); changed: "
                           f"{listing}. Rerun with the run's config, use a new --workdir, or pass "

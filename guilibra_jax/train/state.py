@@ -24,7 +24,7 @@ def optimizer_from_config(config, params, total_steps: int):
     return make_optimizer(params, lr=o.lr, total_steps=total_steps, warmup_steps=o.warmup_steps,
                           schedule=o.schedule, weight_decay=o.weight_decay, b1=o.b1, b2=o.b2, eps=o.eps,
                           clip_norm=o.clip_norm, lr_multipliers=dict(o.lr_multipliers), freeze=tuple(o.freeze),
-                          end_lr_fraction=o.end_lr_fraction)
+                          end_lr_fraction=o.end_lr_fraction, ema_decay=o.ema_decay)
 
 
 def sharded_state(params, tx, param_sh, mesh, *, materialize: bool = True) -> tuple[dict, dict]:
