@@ -2,7 +2,8 @@
 
 - the optimizer's average equals the closed form ``d^k p0 + (1-d) sum_j d^(k-j) p_j`` over
   a known trajectory (SGD on a quadratic), in float32 even for bf16 parameters;
-- an update the step's guard skips (non-finite loss) leaves the average untouched;
+- an update the step's guard skips (non-finite loss) leaves the average untouched, and the
+  average is sharded like the parameters;
 - in a real ASFT run every checkpoint's average is the previous one moved towards that
   checkpoint's parameters, the run's export is the last average (and not the last
   parameters), and ``launch.convert`` writes either; a GRPO run (its memory plan included)
@@ -71,6 +72,17 @@ def test_a_skipped_update_leaves_the_average_untouched():
     good, _, _ = step(bad, {"x": jnp.ones((1, 3))})
     np.testing.assert_allclose(np.asarray(good["opt_state"].ema["w"]), 0.5 * 1.0 + 0.5 * 0.9, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(averaged(good)["params"]["w"]), 0.95, rtol=1e-6)
+
+
+def test_the_average_is_sharded_like_the_parameters():
+    from jax.sharding import Mesh
+    from guilibra_jax import sharding as S
+    from guilibra_jax.train.optimizer import make_optimizer
+    params = {"a": {"kernel": jnp.ones((8, 4))}, "b": {"scale": jnp.ones((4,))}}
+    tags = {"a": {"kernel": "fsdp-sharded"}, "b": {"scale": "replicated"}}     # stand-ins for NamedShardings
+    tx, _ = make_optimizer(params, lr=1e-3, total_steps=10, ema_decay=0.9)
+    shardings = S.opt_state_shardings(tx, params, tags, Mesh(np.array(jax.devices()[:1]), ("data",)))
+    assert shardings.ema == tags
 
 
 def _config(**over):
