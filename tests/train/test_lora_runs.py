@@ -124,6 +124,18 @@ def test_merged_export_is_the_frozen_base_plus_the_exported_adapter(any_run, tmp
     assert changed, "no adapted kernel moved"
 
 
+def test_convert_of_the_last_checkpoint_is_the_export(any_run, tmp_path):
+    """launch.convert reads the adapters and merges them into the run's base (read again)
+    exactly as the run's own export did."""
+    from safetensors.numpy import load_file
+    from launch.convert import convert
+    want = load_file(os.path.join(any_run, "export", "model.safetensors"))
+    got = load_file(os.path.join(convert(any_run, str(tmp_path / "converted")), "model.safetensors"))
+    assert set(got) == set(want)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
 def test_peft_puts_the_adapter_on_the_transformers_base_with_the_merged_logits(run_dir, tmp_path):
     peft = pytest.importorskip("peft")
     import torch
@@ -244,6 +256,7 @@ def test_qlora_trains_adapters_on_the_quantized_base_and_exports_their_merge(tmp
         assert 0 < np.abs(np.asarray(plain[path]) - w).max() <= Q.MAX_ERROR[kind] * np.abs(w).max() + 1e-6
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl")) if '"loss"' in line]
     assert rows[-1]["loss"] < rows[0]["loss"]
+    test_convert_of_the_last_checkpoint_is_the_export(workdir, tmp_path)   # the quantized base, merged again
 
 
 def test_grpo_with_qlora_scores_its_reference_on_the_dequantized_base(tmp_path):
