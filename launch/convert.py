@@ -30,15 +30,12 @@ flags.mark_flags_as_required(["workdir"])
 def convert(workdir: str, out: str | None = None, step: int | None = None, weights: str | None = None) -> str:
     """Export checkpoint ``step`` (None: the latest) of ``workdir`` to ``out``; returns ``out``.
     ``weights``: "params" or "ema" (None: "ema" when the run kept a parameter average)."""
-    import jax
     from flax import nnx
 
     from guilibra_jax import atomic
-    from guilibra_jax import sharding as S
     from guilibra_jax.errors import UserError
-    from guilibra_jax.train import checkpoint as C
     from guilibra_jax.train import config as run_config
-    from guilibra_jax.train import data_source, lora_state, model_factory
+    from guilibra_jax.train import data_source, model_factory
 
     nnx.use_eager_sharding(False)
     try:
@@ -49,28 +46,13 @@ def convert(workdir: str, out: str | None = None, step: int | None = None, weigh
     atomic.check_complete(config.tokenizer.path, "config key tokenizer.path")
     tokenizer = data_source.prepare_tokenizer(config, workdir)
     weights = weights or ("ema" if config.optim.ema_decay > 0 else "params")
-    key = ("opt_state", "ema") if weights == "ema" else ("params",)
-    checkpoints = os.path.join(workdir, "checkpoints")
-    lora = lora_state.lora_spec(config) is not None
-    # LoRA: the checkpoints hold the adapters; the base is read again (model.hf_path or the
-    # seeded init, checked against the run's record) and merged as the run's own export does.
-    build = lambda: model_factory.build_model(config, tokenizer)[0]
-    model = build() if lora else nnx.eval_shape(build)
-    graphdef, pstate, _ = nnx.split(model, nnx.Param, ...)
-    params = nnx.to_pure_dict(pstate)
-    frozen = None
-    if lora:
-        mesh = S.make_mesh({"data": 1}, jax.devices()[:1])
-        frozen = lora_state.FrozenBase.build(config, params, S.param_shardings(pstate, mesh), mesh)
-        lora_state.check_base(frozen, config, workdir, resumed=True, is_main=False)
+    run = model_factory.RunWeights(config, tokenizer, workdir, weights)
     try:
-        step, params = C.restore_params_only(checkpoints, params if frozen is None else frozen.adapters, step, key=key)
+        step, params = run.restore(step)
     except FileNotFoundError as e:
         raise UserError(f"--workdir={workdir} --step={step} --weights={weights}: {e}") from None
-    if frozen is not None:
-        params = jax.device_get(frozen.merged(params))
     out = out or os.path.join(workdir, f"export_step{step}")
-    model_factory.export(graphdef, params, model.config, tokenizer, out, config=config)
+    model_factory.export(run.graphdef, params, run.model_config, tokenizer, out, config=config)
     logging.info("exported step %d (%s) to %s", step, weights, out)
     return out
 

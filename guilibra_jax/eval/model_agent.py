@@ -7,7 +7,9 @@
 
 ``workdir`` is a folder ``python -m launch.train`` wrote (``config.json``, the tokenizer,
 ``checkpoints/``); the model is built from its run config (``train.model_factory``) and
-its parameters restored from orbax (``train.checkpoint.restore_params_only``); a sweep
+the weights its export holds restored from orbax (``model_factory.RunWeights``: the
+parameters, or their moving average with ``optim.ema_decay``; LoRA's adapters merged into
+the run's base); a sweep
 (:func:`checkpoint_sweep`, ``steps`` "all" or a tuple) builds the model once and restores
 each step's parameters in turn (``CheckpointAgent.at_step``). ``hf_path`` is
 a folder of ``models.save_hf`` / the trainer's export, tokenizer included; it carries no
@@ -147,24 +149,25 @@ def _need_step(ckpt_dir: str, step: int, key: str = "step") -> None:
                                 f"there: {steps})")
 
 
-def _restore(ckpt_dir: str, abstract_params: Any, step: int | None) -> tuple[int, Any]:
-    """(step, params) of checkpoint ``step`` (None: the latest) of ``ckpt_dir``."""
+def _restore(run: MF.RunWeights, step: int | None) -> tuple[int, Any]:
+    """(step, params) of checkpoint ``step`` (None: the latest) of ``run``."""
     try:
-        return C.restore_params_only(ckpt_dir, abstract_params, step)
+        return run.restore(step)
     except FileNotFoundError as e:
-        raise FileNotFoundError(f"{KEY}.workdir={os.path.dirname(ckpt_dir)!r}: {e}") from None
+        raise FileNotFoundError(f"{KEY}.workdir={os.path.dirname(run.checkpoints)!r}: {e}") from None
 
 
 def load_checkpoint(workdir: str, step: int | None, config: mlc.ConfigDict):
-    """(tokenizer, model_config, graphdef, params, step) of a training workdir."""
+    """(tokenizer, model_config, graphdef, params, step, run weights) of a training workdir:
+    the weights its export holds (``model_factory.RunWeights``: the moving average of
+    ``optim.ema_decay``; LoRA's adapters merged into its base)."""
     ckpt_dir = _checkpoint_dir(workdir)
     if step is not None:
         _need_step(ckpt_dir, step)
     tokenizer = _tokenizer(config, workdir)
-    abstract = nnx.eval_shape(lambda: MF.build_model(config, tokenizer)[0])
-    graphdef, pstate, _ = nnx.split(abstract, nnx.Param, ...)
-    step, params = _restore(ckpt_dir, nnx.to_pure_dict(pstate), step)
-    return tokenizer, abstract.config, graphdef, params, step
+    run = MF.RunWeights(config, tokenizer, workdir)
+    step, params = _restore(run, step)
+    return tokenizer, run.model_config, run.graphdef, params, step, run
 
 
 def load_hf_folder(hf_path: str, config: mlc.ConfigDict):
@@ -190,14 +193,14 @@ class CheckpointAgent:
 
     def __init__(self, config: mlc.ConfigDict, tokenizer, model_config, graphdef, params, *,
                  max_new_tokens: int = 256, temperature: float = 0.0, batch_size: int = 8, seed: int = 0,
-                 origin: str = "", step: int | None = None, checkpoints: str = ""):
+                 origin: str = "", step: int | None = None, run: MF.RunWeights | None = None):
         if batch_size < 1:
             raise ValueError(f"{KEY}.batch_size must be >= 1, got {batch_size}")
         self.config, self.tokenizer, self.model_config = config, tokenizer, model_config
         # committed to one device, so that checkpoints restored or loaded either way share compilations
         self.graphdef, self.params = graphdef, jax.device_put(params, jax.devices()[0])
         self.batch_size, self.origin, self.seed = int(batch_size), origin, seed
-        self.step, self.checkpoints = step, checkpoints      # checkpoints: the run's folder ("" for hf_path)
+        self.step, self.run = step, run      # run: the workdir's checkpoints (None for hf_path)
         self.method = config.data.method
         self.fmt = METHOD_FORMAT[self.method]
         self.coord_space, self.resized_size = DS._family_coords(model_config, config.data)
@@ -211,13 +214,13 @@ class CheckpointAgent:
     def at_step(self, step: int) -> "CheckpointAgent":
         """This agent with the parameters of another checkpoint of its run. Everything
         else (tokenizer, graphdef, sampling, hence generate's compilations) is shared."""
-        if not self.checkpoints:
+        if self.run is None:
             raise ValueError(f"{KEY}: {self.origin} is not a training workdir; it has no checkpoint steps")
-        _need_step(self.checkpoints, step, "steps")
-        step, params = _restore(self.checkpoints, self.params, step)
+        _need_step(self.run.checkpoints, step, "steps")
+        step, params = _restore(self.run, step)
         other = copy.copy(self)
         other.params = jax.device_put(params, jax.devices()[0])
-        other.step, other.origin = step, f"{os.path.dirname(self.checkpoints)} step {step}"
+        other.step, other.origin = step, f"{os.path.dirname(self.run.checkpoints)} step {step}"
         other._rng = jax.random.key(self.seed)        # as if made alone at that step
         return other
 
@@ -314,13 +317,13 @@ def make_checkpoint_agent(workdir: str = "", hf_path: str = "", step: int = -1, 
     if workdir:
         loaded = load_checkpoint(workdir, None if step is None or step < 0 else int(step), config)
     else:
-        loaded = load_hf_folder(hf_path, config)
-    tokenizer, model_config, graphdef, params, step_ = loaded
+        loaded = (*load_hf_folder(hf_path, config), None)
+    tokenizer, model_config, graphdef, params, step_, run = loaded
     where = f"{workdir} step {step_}" if workdir else hf_path
     log.info("checkpoint agent: %s (%s, method %s)", where, model_config.family, config.data.method)
     return CheckpointAgent(config, tokenizer, model_config, graphdef, params, max_new_tokens=max_new_tokens,
                            temperature=temperature, batch_size=batch_size, seed=seed, origin=where, step=step_,
-                           checkpoints=os.path.join(workdir, "checkpoints") if workdir else "")
+                           run=run)
 
 
 # ----------------------------------------------------------------------------- several checkpoints

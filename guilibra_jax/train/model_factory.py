@@ -163,6 +163,42 @@ def export(graphdef, params, model_config: M.ModelConfig, tokenizer, path: str, 
     return path
 
 
+def weights_key(config, weights: str | None = None) -> tuple[str, ...]:
+    """Where a run's model weights sit in its train state: ``("params",)``, or the moving
+    average of ``optim.ema_decay`` (``("opt_state", "ema")``, what its export holds).
+    ``weights``: "params" / "ema" to choose; None: the export's."""
+    weights = weights or ("ema" if config.optim.ema_decay > 0 else "params")
+    return ("opt_state", "ema") if weights == "ema" else ("params",)
+
+
+class RunWeights:
+    """The model weights in a training workdir's checkpoints, as its export holds them:
+    ``restore(step) -> (step, params)`` (host arrays; None: the latest step). The
+    parameters, or their moving average (:func:`weights_key`); with LoRA the checkpoint's
+    adapters merged into the run's base, built again (``model.hf_path`` or the seeded init)
+    and checked against the run's ``lora_base.json``."""
+
+    def __init__(self, config, tokenizer, workdir: str, weights: str | None = None):
+        from guilibra_jax.train import lora_state
+        self.key, self.checkpoints = weights_key(config, weights), os.path.join(workdir, "checkpoints")
+        lora = lora_state.lora_spec(config) is not None
+        build = lambda: build_model(config, tokenizer)[0]
+        model = build() if lora else nnx.eval_shape(build)
+        self.graphdef, pstate, _ = nnx.split(model, nnx.Param, ...)
+        self.model_config, self.abstract, self.frozen = model.config, nnx.to_pure_dict(pstate), None
+        if lora:
+            mesh = S.make_mesh({"data": 1}, jax.devices()[:1])
+            self.frozen = lora_state.FrozenBase.build(config, self.abstract, S.param_shardings(pstate, mesh), mesh)
+            lora_state.check_base(self.frozen, config, workdir, resumed=True, is_main=False)
+            self.abstract = self.frozen.adapters
+
+    def restore(self, step: int | None = None) -> tuple[int, Any]:
+        step, params = C.restore_params_only(self.checkpoints, self.abstract, step, key=self.key)
+        if self.frozen is not None:
+            params = jax.device_get(self.frozen.merged(params))
+        return step, params
+
+
 def load_frozen(path: str, *, dtype: str = "bfloat16", param_dtype: str = "bfloat16", step: int | None = None,
                 mesh=None) -> tuple[Any, Any, M.ModelConfig]:
     """(graphdef, params, model_config) of a model that is only scored (a GRPO reference,
@@ -184,6 +220,9 @@ def load_frozen(path: str, *, dtype: str = "bfloat16", param_dtype: str = "bfloa
         raise FileNotFoundError(f"{path!r} is neither a Hugging Face folder (config.json + *.safetensors) nor a "
                                 f"training workdir (config.json + checkpoints/)")
     run = run_config.load_run_config(path)
+    if run.model.lora.rank:
+        raise ConfigError(f"{path!r} is the workdir of a LoRA run: its checkpoints hold adapters only; give its "
+                          f"export/ folder, or one that python -m launch.convert --workdir={path} writes")
     tok_dir = run.tokenizer.path or run.model.hf_path or os.path.join(path, "tokenizer")
     tokenizer = load_tokenizer(tok_dir)
     run.model.dtype, run.model.param_dtype = dtype, param_dtype
@@ -197,7 +236,7 @@ def load_frozen(path: str, *, dtype: str = "bfloat16", param_dtype: str = "bfloa
         graphdef, pstate, _ = nnx.split(nnx.eval_shape(lambda: M.QwenVL(model_config, rngs=nnx.Rngs(0), **kw)),
                                         nnx.Param, ...)
         abstract, shardings = nnx.to_pure_dict(pstate), None
-    _, params = C.restore_params_only(ckpt_dir, abstract, step)
+    _, params = C.restore_params_only(ckpt_dir, abstract, step, key=weights_key(run))   # what its export holds
     cast = dtype_of(param_dtype, "param_dtype")
     params = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(cast), p), out_shardings=shardings)(params)
     return graphdef, params, model_config

@@ -136,6 +136,22 @@ def test_convert_of_the_last_checkpoint_is_the_export(any_run, tmp_path):
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
 
 
+def test_the_checkpoint_agent_on_the_workdir_holds_the_export(run_dir):
+    import guilibra_jax.eval.model_agent  # noqa: F401  (registers "checkpoint")
+    from guilibra_jax.eval.agents import make_agent
+    exported, _ = _params(os.path.join(run_dir, "export"))
+    got, want = _flat(make_agent("checkpoint", workdir=run_dir).params), _flat(exported)
+    assert set(got) == set(want)
+    for k in want:
+        np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=0, atol=1e-6, err_msg=k)
+
+
+def test_scoring_a_lora_workdir_names_its_export(run_dir):
+    from guilibra_jax.train import model_factory as MF
+    with pytest.raises(ConfigError, match="LoRA run: its checkpoints hold adapters only"):
+        MF.load_frozen(run_dir)
+
+
 def test_peft_puts_the_adapter_on_the_transformers_base_with_the_merged_logits(run_dir, tmp_path):
     peft = pytest.importorskip("peft")
     import torch

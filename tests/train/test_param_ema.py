@@ -212,3 +212,23 @@ def test_a_lora_run_exports_the_average_of_its_adapters(tmp_path):
                          sorted(np.sort(v.ravel()).tobytes() for v in b_ema)):
         assert got == want          # the PEFT folder's B matrices are the average's (as multisets: layouts differ)
     assert any(np.abs(live[k] - ema[k]).max() > 1e-6 for k in ema)
+
+
+def test_an_evaluated_or_scored_workdir_is_its_average(run_dir):
+    """The checkpoint agent (launch.eval) and a frozen model read from the workdir (a GRPO
+    reference, a teacher, a merge input) hold what the export holds; ``at_step`` another
+    checkpoint's average."""
+    import guilibra_jax.eval.model_agent  # noqa: F401  (registers "checkpoint")
+    from guilibra_jax.eval.agents import make_agent
+    from guilibra_jax.param_paths import param_paths
+    from guilibra_jax.train import model_factory as MF
+    flat = lambda t: dict(zip(jax.tree.leaves(param_paths(t)), map(np.asarray, jax.tree.leaves(t))))
+    export = flat(MF.load_frozen(os.path.join(run_dir, "export"), dtype="float32", param_dtype="float32")[1])
+    frozen = flat(MF.load_frozen(run_dir, dtype="float32", param_dtype="float32")[1])
+    agent = make_agent("checkpoint", workdir=run_dir)
+    at_3 = flat(agent.at_step(3).params)
+    got = flat(agent.params)
+    for k in export:
+        np.testing.assert_array_equal(got[k], export[k], err_msg=k)
+        np.testing.assert_array_equal(frozen[k], export[k], err_msg=k)
+    assert any(np.abs(at_3[k] - export[k]).max() > 1e-6 for k in export)
