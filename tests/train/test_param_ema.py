@@ -6,11 +6,13 @@
   average is sharded like the parameters;
 - in a real ASFT run every checkpoint's average is the previous one moved towards that
   checkpoint's parameters, the run's export is the last average (and not the last
-  parameters), and ``launch.convert`` writes either; a GRPO run (its memory plan included)
-  exports its average too;
+  parameters), ``launch.convert`` writes either, and the checkpoint agent and a frozen
+  model read from the workdir hold the export's weights;
+- a GRPO run with LoRA (its memory plan included) averages the adapters: the PEFT folder
+  holds the average, and the merged export is launch.convert's merge of it;
 - a run resumed from its step-2 checkpoint ends bitwise equal to the uninterrupted one;
-- switching the average on or off on a rerun, and asking a run without one for it, are
-  one-line errors naming the key.
+- switching the average on or off on a rerun, and asking a checkpoint without one for it,
+  are one-line errors naming the key.
 """
 import os
 import shutil
@@ -22,7 +24,7 @@ import optax
 import pytest
 from safetensors.numpy import load_file
 
-from guilibra_jax.errors import ConfigError, UserError
+from guilibra_jax.errors import ConfigError
 from guilibra_jax.train.optimizer import averaged, ema_of, param_ema
 from guilibra_jax.train.step_core import init_state, make_step
 
@@ -157,61 +159,65 @@ def test_switching_the_average_on_a_rerun_names_the_key(run_dir, tmp_path, decay
         train(_config(optim__ema_decay=decay, train__allow_config_change=True), rerun)
 
 
-def test_asking_a_run_without_an_average_for_it_names_the_weights(tmp_path):
-    from guilibra_jax.train.run import train
-    from launch.convert import convert
-    workdir = str(tmp_path / "plain")
-    train(_config(optim__ema_decay=0.0, train__steps=1, train__export=False), workdir)
-    with pytest.raises(UserError, match=r"--weights=ema: .*holds no opt_state/ema"):
-        convert(workdir, str(tmp_path / "out"), None, "ema")
+def test_asking_a_checkpoint_without_an_average_for_it_names_the_key(tmp_path):
+    from guilibra_jax.train import checkpoint as C
+    ckpt = C.Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
+    params = {"w": jnp.ones((3,))}
+    ckpt.save(1, init_state(params, optax.sgd(0.1)), force=True)
+    ckpt.close()
+    with pytest.raises(FileNotFoundError, match=r"checkpoint step 1 under .* holds no opt_state/ema"):
+        C.restore_params_only(str(tmp_path / "checkpoints"), params, key=("opt_state", "ema"))
+    np.testing.assert_array_equal(C.restore_params_only(str(tmp_path / "checkpoints"), params)[1]["w"], np.ones(3))
 
 
-def test_a_grpo_run_exports_its_average(tmp_path):
+def _chance_reward(text, target, **_):
+    """Half the responses rewarded (by the text's bytes): a random tiny policy earns 0 from the
+    real reward, so its advantages, hence its adapters' updates, would all be 0."""
+    from guilibra_jax.rewards import GuiLibraReward
+    r = float(sum(text.encode()) % 2)
+    return GuiLibraReward(format=r, action_type=r, value=r, grounding=r, accuracy=r, total=r)
+
+
+def test_a_grpo_lora_run_exports_the_average_of_its_adapters(tmp_path, monkeypatch):
+    """GRPO's update (and its memory plan) with the average; with LoRA it is the adapters':
+    the PEFT folder holds the average's matrices, and the merged export is what
+    launch.convert merges from the average, not from the last adapters."""
     from configs import grpo_demo
-    from guilibra_jax.train.run import train
-    from launch.convert import convert
-    c = grpo_demo.get_config("smoke")
-    c.optim.ema_decay = DECAY
-    c.optim.lr = 3e-3
-    c.train.steps = 2
-    c.train.tensorboard = c.train.curves = False
-    c.train.memory_plan = True
-    workdir = str(tmp_path / "grpo")
-    train(c, workdir)
-    export = _weights(os.path.join(workdir, "export"))
-    params = _weights(convert(workdir, str(tmp_path / "p"), None, "params"))
-    ema = _weights(convert(workdir, str(tmp_path / "e"), None, "ema"))
-    for k in export:
-        np.testing.assert_array_equal(export[k], ema[k], err_msg=k)
-    assert max(float(np.abs(export[k] - params[k]).max()) for k in export) > 1e-6
-
-
-def test_a_lora_run_exports_the_average_of_its_adapters(tmp_path):
+    from guilibra_jax import rewards
     from guilibra_jax.param_paths import param_paths
     from guilibra_jax.train import checkpoint as C
     from guilibra_jax.train.run import train
-    c = _config(train__steps=2)
-    c.model.lora.rank, c.model.lora.alpha, c.optim.lr = 4, 8.0, 1e-2
-    workdir = str(tmp_path / "lora")
+    from launch.convert import convert
+    monkeypatch.setattr(rewards, "guilibra_reward", _chance_reward)
+    c = grpo_demo.get_config("smoke")
+    c.optim.ema_decay, c.optim.lr, c.optim.warmup_steps = DECAY, 1e-2, 0
+    c.model.lora.rank, c.model.lora.alpha = 4, 8.0
+    c.train.steps, c.train.memory_plan = 2, True
+    c.train.tensorboard = c.train.curves = False
+    workdir = str(tmp_path / "grpo_lora")
     train(c, workdir)
-    ckpt = C.Checkpointer(os.path.join(workdir, "checkpoints"))
+    ckpts = os.path.join(workdir, "checkpoints")
+    ckpt = C.Checkpointer(ckpts)
     abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype),
                             dict(ckpt._manager.item_metadata(2)["state"]["params"]))
     ckpt.close()
-    ckpts = os.path.join(workdir, "checkpoints")
     flat = lambda t: dict(zip(jax.tree.leaves(param_paths(t)), map(np.asarray, jax.tree.leaves(t))))
     live = flat(C.restore_params_only(ckpts, abstract, 2)[1])
     ema = flat(C.restore_params_only(ckpts, abstract, 2, key=("opt_state", "ema"))[1])
-    exported = load_file(os.path.join(workdir, "adapter", "adapter_model.safetensors"))
-    assert len(exported) == len(ema)
+    assert any(np.abs(live[k] - ema[k]).max() > 1e-6 for k in ema)
+    peft = load_file(os.path.join(workdir, "adapter", "adapter_model.safetensors"))
     b_ema = [v for k, v in ema.items() if k.endswith("lora_b")]
-    b_out = [v for k, v in exported.items() if "lora_B" in k]
-    assert len(b_out) == len(b_ema)
-    assert max(np.abs(a).max() for a in b_ema) > 0
+    b_out = [v for k, v in peft.items() if "lora_B" in k]
+    assert len(b_out) == len(b_ema) and max(np.abs(a).max() for a in b_ema) > 0
     for got, want in zip(sorted(np.sort(v.ravel()).tobytes() for v in b_out),
                          sorted(np.sort(v.ravel()).tobytes() for v in b_ema)):
         assert got == want          # the PEFT folder's B matrices are the average's (as multisets: layouts differ)
-    assert any(np.abs(live[k] - ema[k]).max() > 1e-6 for k in ema)
+    export = _weights(os.path.join(workdir, "export"))
+    merged_ema = _weights(convert(workdir, str(tmp_path / "e")))
+    merged_live = _weights(convert(workdir, str(tmp_path / "p"), None, "params"))
+    for k in export:
+        np.testing.assert_array_equal(export[k], merged_ema[k], err_msg=k)
+    assert max(float(np.abs(export[k] - merged_live[k]).max()) for k in export) > 1e-6
 
 
 def test_an_evaluated_or_scored_workdir_is_its_average(run_dir):
