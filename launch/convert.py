@@ -6,11 +6,11 @@ Reads only the parameters of the checkpoint (orbax partial restore: no optimizer
 in memory; with LoRA the adapters, merged into the run's base as its own export does) and writes the complete export of ``guilibra_jax.train.export``: weights,
 tokenizer, chat template, and preprocessor / generation configs with the run's pixel
 bounds and stop ids. The folder appears whole or not at all (``<out>.tmp-<pid>`` renamed
-when complete); a half-written ``model.hf_path`` of the run is refused.
+when complete); a half-written ``model.hf_path`` of the run is refused. The work is
+``guilibra_jax.train.model_factory.export_checkpoint``.
 """
 
 import logging
-import os
 
 from absl import flags
 
@@ -27,40 +27,14 @@ _WEIGHTS = flags.DEFINE_enum("weights", None, ["params", "ema"],
 flags.mark_flags_as_required(["workdir"])
 
 
-def convert(workdir: str, out: str | None = None, step: int | None = None, weights: str | None = None) -> str:
-    """Export checkpoint ``step`` (None: the latest) of ``workdir`` to ``out``; returns ``out``.
-    ``weights``: "params" or "ema" (None: "ema" when the run kept a parameter average)."""
-    from flax import nnx
-
-    from guilibra_jax import atomic
-    from guilibra_jax.errors import UserError
-    from guilibra_jax.train import config as run_config
-    from guilibra_jax.train import data_source, model_factory
-
-    nnx.use_eager_sharding(False)
-    try:
-        config = run_config.load_run_config(workdir)
-    except FileNotFoundError as e:
-        raise UserError(f"--workdir: {e}") from None
-    atomic.check_complete(config.model.hf_path, "config key model.hf_path")   # whose files the export copies
-    atomic.check_complete(config.tokenizer.path, "config key tokenizer.path")
-    tokenizer = data_source.prepare_tokenizer(config, workdir)
-    weights = weights or ("ema" if config.optim.ema_decay > 0 else "params")
-    run = model_factory.RunWeights(config, tokenizer, workdir, weights)
-    try:
-        step, params = run.restore(step)
-    except FileNotFoundError as e:
-        raise UserError(f"--workdir={workdir} --step={step} --weights={weights}: {e}") from None
-    out = out or os.path.join(workdir, f"export_step{step}")
-    model_factory.export(run.graphdef, params, run.model_config, tokenizer, out, config=config)
-    logging.info("exported step %d (%s) to %s", step, weights, out)
-    return out
-
-
 def main(argv):
     del argv
     logging.getLogger().setLevel(logging.INFO)
-    print(convert(_WORKDIR.value, _OUT.value, _STEP.value, _WEIGHTS.value))
+    from flax import nnx
+
+    from guilibra_jax.train import model_factory
+    nnx.use_eager_sharding(False)
+    print(model_factory.export_checkpoint(_WORKDIR.value, _OUT.value, _STEP.value, _WEIGHTS.value))
 
 
 if __name__ == "__main__":

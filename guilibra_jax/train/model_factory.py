@@ -199,6 +199,33 @@ class RunWeights:
         return step, params
 
 
+def export_checkpoint(workdir: str, out: str | None = None, step: int | None = None,
+                      weights: str | None = None) -> str:
+    """``python -m launch.convert``: checkpoint ``step`` (None: the latest) of ``workdir`` as
+    a complete Hugging Face folder ``out`` (default ``WORKDIR/export_step<N>``), with the
+    weights :class:`RunWeights` reads (``weights``: "params" / "ema"; None: what the run's
+    export holds); returns ``out``. A missing run or step is a UserError naming the flag."""
+    from guilibra_jax.errors import UserError
+    from guilibra_jax.train import data_source
+    try:
+        config = run_config.load_run_config(workdir)
+    except FileNotFoundError as e:
+        raise UserError(f"--workdir: {e}") from None
+    atomic.check_complete(config.model.hf_path, "config key model.hf_path")   # whose files the export copies
+    atomic.check_complete(config.tokenizer.path, "config key tokenizer.path")
+    tokenizer = data_source.prepare_tokenizer(config, workdir)
+    weights = weights or ("ema" if config.optim.ema_decay > 0 else "params")
+    run = RunWeights(config, tokenizer, workdir, weights)
+    try:
+        step, params = run.restore(step)
+    except FileNotFoundError as e:
+        raise UserError(f"--workdir={workdir} --step={step} --weights={weights}: {e}") from None
+    out = out or os.path.join(workdir, f"export_step{step}")
+    export(run.graphdef, params, run.model_config, tokenizer, out, config=config)
+    log.info("exported step %d (%s) to %s", step, weights, out)
+    return out
+
+
 def load_frozen(path: str, *, dtype: str = "bfloat16", param_dtype: str = "bfloat16", step: int | None = None,
                 mesh=None) -> tuple[Any, Any, M.ModelConfig]:
     """(graphdef, params, model_config) of a model that is only scored (a GRPO reference,

@@ -128,7 +128,7 @@ def test_convert_of_the_last_checkpoint_is_the_export(any_run, tmp_path):
     """launch.convert reads the adapters and merges them into the run's base (read again)
     exactly as the run's own export did."""
     from safetensors.numpy import load_file
-    from launch.convert import convert
+    from guilibra_jax.train.model_factory import export_checkpoint as convert
     want = load_file(os.path.join(any_run, "export", "model.safetensors"))
     got = load_file(os.path.join(convert(any_run, str(tmp_path / "converted")), "model.safetensors"))
     assert set(got) == set(want)

@@ -114,7 +114,7 @@ def _weights(folder):
 
 
 def test_every_checkpoint_moves_the_average_and_the_export_is_the_last_one(run_dir, tmp_path):
-    from launch.convert import convert
+    from guilibra_jax.train.model_factory import export_checkpoint as convert
     ema = {s: _weights(convert(run_dir, str(tmp_path / f"e{s}"), s, "ema")) for s in (2, 3, 4)}
     params = {s: _weights(convert(run_dir, str(tmp_path / f"p{s}"), s, "params")) for s in (3, 4)}
     default = _weights(convert(run_dir, str(tmp_path / "default"), STEPS))
@@ -187,7 +187,7 @@ def test_a_grpo_lora_run_exports_the_average_of_its_adapters(tmp_path, monkeypat
     from guilibra_jax.param_paths import param_paths
     from guilibra_jax.train import checkpoint as C
     from guilibra_jax.train.run import train
-    from launch.convert import convert
+    from guilibra_jax.train.model_factory import export_checkpoint as convert
     monkeypatch.setattr(rewards, "guilibra_reward", _chance_reward)
     c = grpo_demo.get_config("smoke")
     c.optim.ema_decay, c.optim.lr, c.optim.warmup_steps = DECAY, 1e-2, 0
