@@ -124,13 +124,13 @@ def test_merged_export_is_the_frozen_base_plus_the_exported_adapter(any_run, tmp
     assert changed, "no adapted kernel moved"
 
 
-def test_convert_of_the_last_checkpoint_is_the_export(any_run, tmp_path):
+def test_convert_of_the_last_checkpoint_is_the_export(run_dir, tmp_path):
     """launch.convert reads the adapters and merges them into the run's base (read again)
-    exactly as the run's own export did."""
+    exactly as the run's own export did (a GRPO run's: tests/train/test_param_ema.py)."""
     from safetensors.numpy import load_file
     from guilibra_jax.train.model_factory import export_checkpoint as convert
-    want = load_file(os.path.join(any_run, "export", "model.safetensors"))
-    got = load_file(os.path.join(convert(any_run, str(tmp_path / "converted")), "model.safetensors"))
+    want = load_file(os.path.join(run_dir, "export", "model.safetensors"))
+    got = load_file(os.path.join(convert(run_dir, str(tmp_path / "converted")), "model.safetensors"))
     assert set(got) == set(want)
     for k in want:
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
