@@ -163,24 +163,25 @@ def export(graphdef, params, model_config: M.ModelConfig, tokenizer, path: str, 
     return path
 
 
-def weights_key(config, weights: str | None = None) -> tuple[str, ...]:
-    """Where a run's model weights sit in its train state: ``("params",)``, or the moving
-    average of ``optim.ema_decay`` (``("opt_state", "ema")``, what its export holds).
-    ``weights``: "params" / "ema" to choose; None: the export's."""
-    weights = weights or ("ema" if config.optim.ema_decay > 0 else "params")
-    return ("opt_state", "ema") if weights == "ema" else ("params",)
+WEIGHTS_KEYS = {"params": ("params",), "ema": ("opt_state", "ema")}   # where each sits in the train state
+
+
+def weights_name(config, weights: str | None = None) -> str:
+    """Which of a run's weights to read: ``weights`` ("params" / "ema") when given, else what
+    its export holds (the moving average of ``optim.ema_decay`` when kept)."""
+    return weights or ("ema" if config.optim.ema_decay > 0 else "params")
 
 
 class RunWeights:
     """The model weights in a training workdir's checkpoints, as its export holds them:
     ``restore(step) -> (step, params)`` (host arrays; None: the latest step). The
-    parameters, or their moving average (:func:`weights_key`); with LoRA the checkpoint's
+    parameters, or their moving average (:func:`weights_name`); with LoRA the checkpoint's
     adapters merged into the run's base, built again (``model.hf_path`` or the seeded init)
     and checked against the run's ``lora_base.json``."""
 
     def __init__(self, config, tokenizer, workdir: str, weights: str | None = None):
         from guilibra_jax.train import lora_state
-        self.key, self.checkpoints = weights_key(config, weights), os.path.join(workdir, "checkpoints")
+        self.weights, self.checkpoints = weights_name(config, weights), os.path.join(workdir, "checkpoints")
         lora = lora_state.lora_spec(config) is not None
         build = lambda: build_model(config, tokenizer)[0]
         model = build() if lora else nnx.eval_shape(build)
@@ -193,7 +194,7 @@ class RunWeights:
             self.abstract = self.frozen.adapters
 
     def restore(self, step: int | None = None) -> tuple[int, Any]:
-        step, params = C.restore_params_only(self.checkpoints, self.abstract, step, key=self.key)
+        step, params = C.restore_params_only(self.checkpoints, self.abstract, step, key=WEIGHTS_KEYS[self.weights])
         if self.frozen is not None:
             params = jax.device_get(self.frozen.merged(params))
         return step, params
@@ -214,15 +215,14 @@ def export_checkpoint(workdir: str, out: str | None = None, step: int | None = N
     atomic.check_complete(config.model.hf_path, "config key model.hf_path")   # whose files the export copies
     atomic.check_complete(config.tokenizer.path, "config key tokenizer.path")
     tokenizer = data_source.prepare_tokenizer(config, workdir)
-    weights = weights or ("ema" if config.optim.ema_decay > 0 else "params")
     run = RunWeights(config, tokenizer, workdir, weights)
     try:
         step, params = run.restore(step)
     except FileNotFoundError as e:
-        raise UserError(f"--workdir={workdir} --step={step} --weights={weights}: {e}") from None
+        raise UserError(f"--workdir={workdir} --step={step} --weights={run.weights}: {e}") from None
     out = out or os.path.join(workdir, f"export_step{step}")
     export(run.graphdef, params, run.model_config, tokenizer, out, config=config)
-    log.info("exported step %d (%s) to %s", step, weights, out)
+    log.info("exported step %d (%s) to %s", step, run.weights, out)
     return out
 
 
@@ -263,7 +263,7 @@ def load_frozen(path: str, *, dtype: str = "bfloat16", param_dtype: str = "bfloa
         graphdef, pstate, _ = nnx.split(nnx.eval_shape(lambda: M.QwenVL(model_config, rngs=nnx.Rngs(0), **kw)),
                                         nnx.Param, ...)
         abstract, shardings = nnx.to_pure_dict(pstate), None
-    _, params = C.restore_params_only(ckpt_dir, abstract, step, key=weights_key(run))   # what its export holds
+    _, params = C.restore_params_only(ckpt_dir, abstract, step, key=WEIGHTS_KEYS[weights_name(run)])   # what its export holds
     cast = dtype_of(param_dtype, "param_dtype")
     params = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(cast), p), out_shardings=shardings)(params)
     return graphdef, params, model_config

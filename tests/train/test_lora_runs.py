@@ -19,6 +19,7 @@ import pytest
 from flax import nnx
 
 from guilibra_jax.errors import ConfigError
+from tests.chance_reward import chance_reward
 
 RANK, ALPHA = 4, 8.0
 
@@ -67,22 +68,13 @@ def _base(workdir, tmp_path):
     return params, folder
 
 
-def _chance_reward(text, target, **_):
-    """A reward a random policy earns by chance (half its responses, by the text's bytes): the
-    real one gives a random tiny policy 0 on every rollout on most machines, so every advantage
-    is 0, the KL to the base is 0 while B = 0, and the adapters would never move."""
-    from guilibra_jax.rewards import GuiLibraReward
-    r = float(sum(text.encode()) % 2)
-    return GuiLibraReward(format=r, action_type=r, value=r, grounding=r, accuracy=r, total=r)
-
-
 @pytest.fixture(scope="module")
 def grpo_dir(tmp_path_factory):
     from guilibra_jax import rewards
     from guilibra_jax.train.run import train
     workdir = str(tmp_path_factory.mktemp("lora_grpo") / "run")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(rewards, "guilibra_reward", _chance_reward)
+        mp.setattr(rewards, "guilibra_reward", chance_reward)
         train(_config("grpo_demo"), workdir)
     return workdir
 

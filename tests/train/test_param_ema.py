@@ -27,6 +27,7 @@ from safetensors.numpy import load_file
 from guilibra_jax.errors import ConfigError
 from guilibra_jax.train.optimizer import averaged, ema_of, param_ema
 from guilibra_jax.train.step_core import init_state, make_step
+from tests.chance_reward import chance_reward
 
 DECAY = 0.5
 STEPS = 4
@@ -170,14 +171,6 @@ def test_asking_a_checkpoint_without_an_average_for_it_names_the_key(tmp_path):
     np.testing.assert_array_equal(C.restore_params_only(str(tmp_path / "checkpoints"), params)[1]["w"], np.ones(3))
 
 
-def _chance_reward(text, target, **_):
-    """Half the responses rewarded (by the text's bytes): a random tiny policy earns 0 from the
-    real reward, so its advantages, hence its adapters' updates, would all be 0."""
-    from guilibra_jax.rewards import GuiLibraReward
-    r = float(sum(text.encode()) % 2)
-    return GuiLibraReward(format=r, action_type=r, value=r, grounding=r, accuracy=r, total=r)
-
-
 def test_a_grpo_lora_run_exports_the_average_of_its_adapters(tmp_path, monkeypatch):
     """GRPO's update (and its memory plan) with the average; with LoRA it is the adapters':
     the PEFT folder holds the average's matrices, and the merged export is what
@@ -188,7 +181,7 @@ def test_a_grpo_lora_run_exports_the_average_of_its_adapters(tmp_path, monkeypat
     from guilibra_jax.train import checkpoint as C
     from guilibra_jax.train.run import train
     from guilibra_jax.train.model_factory import export_checkpoint as convert
-    monkeypatch.setattr(rewards, "guilibra_reward", _chance_reward)
+    monkeypatch.setattr(rewards, "guilibra_reward", chance_reward)
     c = grpo_demo.get_config("smoke")
     c.optim.ema_decay, c.optim.lr, c.optim.warmup_steps = DECAY, 1e-2, 0
     c.model.lora.rank, c.model.lora.alpha = 4, 8.0
