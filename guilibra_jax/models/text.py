@@ -1,7 +1,8 @@
 """Qwen2/2.5 and Qwen3 text decoder (GQA, SwiGLU, RMSNorm, M-RoPE) with a KV cache.
 
 The KV cache is a dict pytree:
-  k, v          [L, B, S, K, H]  keys / values per layer (S = cache_size)
+  k             [L, B, K, H, S]  keys per layer (K kv heads, S = cache_size slots)
+  v             [L, B, K, S, H]  values per layer (the layouts attention.cached_attention reads)
   segment_ids   [B, S] int32     0 = empty slot or padding; attention needs equal ids
   index         [] int32         next slot to write (the same for every row: left padding)
   decode_segment [B] int32       segment id given to generated tokens
@@ -15,10 +16,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from guilibra_jax import sharding as S
-from guilibra_jax.models.attention import dot_product_attention
+from guilibra_jax.models.attention import cached_attention, dot_product_attention
 from guilibra_jax.models.config import ModelConfig, TextConfig
 from guilibra_jax.models.layers import Embed, Linear, RMSNorm, apply_rope, position_wise, text_rope
 from guilibra_jax.models.vision import GatedMLP
+
+
+K_LAYOUT = (0, 2, 3, 1)   # [B, T, K, H] -> the key cache's [B, K, H, T]
+V_LAYOUT = (0, 2, 1, 3)   # [B, T, K, H] -> the value cache's [B, K, T, H] (its own inverse)
 
 
 class Attention(nnx.Module):
@@ -40,7 +45,7 @@ class Attention(nnx.Module):
 
   def __call__(self, x, cos, sin, mask, kv_cache=None, index=None, prefix=None, layer=None):
     """x [B, T, D]; cos/sin [B, T, H]; mask: SegmentMask of T queries and S keys (or a bool
-    [B, 1, T, S]); kv_cache: every layer's (k, v) stacked [L, B, S, K, H] or None, updated in
+    [B, 1, T, S]); kv_cache: every layer's (k, v) stacked (init_cache's layouts) or None, updated in
     place at ``layer`` (an int or a traced index), slots index.., and returned whole (a decode
     step writes its slot instead of copying the cache); without a cache returns this call's
     (k, v). prefix (k, v) [B, Sp, K, H] or None: keys / values (rotated) of a shared prompt put
@@ -53,13 +58,18 @@ class Attention(nnx.Module):
     if prefix is not None:
       k = jnp.concatenate([prefix[0].astype(k.dtype), k], axis=1)
       v = jnp.concatenate([prefix[1].astype(v.dtype), v], axis=1)
-    if kv_cache is not None:
-      ck, cv = kv_cache
-      ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype)[None], (layer, 0, index, 0, 0))
-      cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype)[None], (layer, 0, index, 0, 0))
-      k, v = ck[layer], cv[layer]
-    out = dot_product_attention(q, k, v, mask, scale=self.scale)
-    return self.o_proj(out), ((ck, cv) if kv_cache is not None else (k, v))
+    if kv_cache is None:
+      return self.o_proj(dot_product_attention(q, k, v, mask, scale=self.scale)), (k, v)
+    ck, cv = kv_cache
+    ck = jax.lax.dynamic_update_slice(ck, jnp.transpose(k, K_LAYOUT).astype(ck.dtype)[None], (layer, 0, 0, 0, index))
+    cv = jax.lax.dynamic_update_slice(cv, jnp.transpose(v, V_LAYOUT).astype(cv.dtype)[None], (layer, 0, 0, index, 0))
+    if q.shape[1] <= getattr(mask, "block", q.shape[1]):   # decode (and short prefills): the cache as stored
+      out = cached_attention(q, ck[layer], cv[layer], mask, scale=self.scale)
+    else:   # a long prefill: blockwise attention over [B, S, K, H]
+      out = dot_product_attention(q, jnp.transpose(ck[layer], (0, 3, 1, 2)), jnp.transpose(cv[layer], V_LAYOUT),
+                                  mask, scale=self.scale)
+    return self.o_proj(out), (ck, cv)
+
 
 
 class DecoderLayer(nnx.Module):
@@ -115,7 +125,7 @@ class TextModel(nnx.Module):
     """h [B, T, D] input embeddings; positions [3, B, T]; mask: attention.SegmentMask.
 
     deepstack_add(i) -> [B, T, D] is added after layer i < n_deepstack (Qwen3-VL).
-    cache: (k, v) stacked [L, B, S, K, H] or None. Returns (normed hidden, new (k, v) or None).
+    cache: (k, v) stacked (init_cache's layouts) or None. Returns (normed hidden, new (k, v) or None).
     """
     tc = self.tc
     cos, sin = text_rope(positions, tc.head_dim, tc.rope_theta, tc.mrope_section, tc.mrope_interleaved)
@@ -207,10 +217,10 @@ class TextModel(nnx.Module):
 
 def init_cache(config: ModelConfig, batch: int, cache_size: int, dtype=jnp.float32) -> dict:
   tc = config.text
-  shape = (tc.num_layers, batch, cache_size, tc.num_kv_heads, tc.head_dim)
+  rows = (tc.num_layers, batch, tc.num_kv_heads)
   return {
-      "k": jnp.zeros(shape, dtype),
-      "v": jnp.zeros(shape, dtype),
+      "k": jnp.zeros(rows + (tc.head_dim, cache_size), dtype),
+      "v": jnp.zeros(rows + (cache_size, tc.head_dim), dtype),
       "segment_ids": jnp.zeros((batch, cache_size), jnp.int32),
       "index": jnp.zeros((), jnp.int32),
       "decode_segment": jnp.ones((batch,), jnp.int32),

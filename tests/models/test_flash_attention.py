@@ -14,7 +14,8 @@ import torch
 from flax import nnx
 
 from guilibra_jax.models import get_rope_index, load_hf, prepare_vision_inputs
-from guilibra_jax.models.attention import SegmentMask, flash_attention
+from guilibra_jax.models.attention import SegmentMask, cached_attention, flash_attention
+from guilibra_jax.models.text import K_LAYOUT, V_LAYOUT
 from hf_fixtures import make_batch
 from test_parity import CASES, P_BUCKET, REL_TOL, T_BUCKET, _torch_logits
 
@@ -68,6 +69,29 @@ def test_flash_equals_dense_attention_and_its_gradient(case):
     want = jax.grad(loss(dense), (0, 1, 2))(q, k, v)
     for name, g_, w_ in zip("qkv", got, want):
       np.testing.assert_allclose(g_, w_, rtol=0, atol=1e-12, err_msg=f"d{name}")
+
+
+@pytest.mark.parametrize("t, off, per_head", [(1, 40, False), (1, 0, True), (5, 20, False), (5, 20, True)])
+def test_cached_attention_equals_dense_attention(t, off, per_head):
+  """The KV cache's layouts (keys [B, K, H, S], values [B, K, S, H]): a decode step (T = 1)
+  or a few queries at an offset, a SegmentMask or a per-head boolean mask [B, N, T, S]."""
+  b, s, n, kh, h = 3, 50, 6, 2, 8
+  rng = np.random.default_rng(1)
+  with jax.enable_x64():
+    q = jnp.asarray(rng.normal(size=(b, t, n, h)))
+    k, v = (jnp.asarray(rng.normal(size=(b, s, kh, h))) for _ in range(2))
+    kseg = _segments(rng, b, s)
+    mask = SegmentMask(jnp.asarray(kseg[:, off:off + t]), jnp.asarray(kseg), jnp.asarray(off, jnp.int32), True)
+    keep = np.broadcast_to(np.asarray(mask.dense()), (b, n, t, s)).copy()
+    if per_head:   # drop a random tenth of the allowed keys, never a row's last one
+      keep &= (rng.random(keep.shape) > 0.1) | (np.cumsum(keep[..., ::-1], -1)[..., ::-1] == 1)
+      mask = jnp.asarray(keep)
+    scores = jnp.einsum("bqnh,bsnh->bnqs", q, jnp.repeat(k, n // kh, 2), precision="highest") * 0.3
+    probs = jax.nn.softmax(jnp.where(jnp.asarray(keep), scores, -jnp.inf), -1)
+    want = jnp.einsum("bnqs,bsnh->bqnh", probs, jnp.repeat(v, n // kh, 2), precision="highest")
+    got = cached_attention(q, jnp.transpose(k, K_LAYOUT), jnp.transpose(v, V_LAYOUT), mask, scale=0.3)
+    assert got.shape == (b, t, n, h) and got.dtype == jnp.float64
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-13)
 
 
 def test_flash_bfloat16_is_as_close_to_float64_as_dense_bfloat16():
