@@ -21,6 +21,9 @@ Timing: a call starts from the list of prompts (token ids, image grids, pixel ro
   then computes positions and vision metadata inside generate. Round 0 runs each side once (JAX
   compiles; reported apart); then ``--iters`` rounds run each side once in an order that rotates,
   so that a change in the machine's load hits all sides, and each side reports its median.
+Outputs: the "jax" and "jax_prefill" sides return what generate returns, the tokens
+  (SamplingConfig(logprobs=False), as evaluation asks); "jax_shared" also the sampled tokens'
+  log-probs (the RL sampler's call: its old-policy log-probs).
 Shared prefill: "jax_shared" (with --group > 1) is the call the RL sampler makes (rl.share_prefill):
   one row per distinct prompt and generate(copies=G), so the vision tower and the prefill run once
   per prompt and its KV cache is repeated for its G rows (transformers' generate, with 64 rows or
@@ -261,8 +264,9 @@ def main(argv=None) -> dict:
                            tuple(int(x) for x in args.image_hw.split(",")))
     config = G.SamplingConfig(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                               max_new_tokens=args.max_new_tokens, pad_token_id=0)
-    prefill_only = dataclasses.replace(config, max_new_tokens=1)
-    samplers = {"jax": jax_sampler(graphdef, params, prompts, cfg, args.prompt_len, mesh, config),
+    tokens_only = dataclasses.replace(config, logprobs=False)   # like for like: what generate returns
+    prefill_only = dataclasses.replace(tokens_only, max_new_tokens=1)
+    samplers = {"jax": jax_sampler(graphdef, params, prompts, cfg, args.prompt_len, mesh, tokens_only),
                 "jax_prefill": jax_sampler(graphdef, params, prompts, cfg, args.prompt_len, mesh, prefill_only)}
     if args.group > 1:   # what the RL sampler runs: each prompt prefilled once for its G rows
         samplers["jax_shared"] = jax_sampler(graphdef, params, prompts, cfg, args.prompt_len, mesh, config,
@@ -311,6 +315,7 @@ def main(argv=None) -> dict:
         "backend": jax.default_backend(), "devices": jax.device_count(), "mesh": dict(mesh.shape),
         "rows": len(prompts), "states": args.states, "group": args.group, "prompt_len": args.prompt_len,
         "image_hw": args.image_hw, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+        "logprobs": {"jax": False, "jax_shared": True},
         "dtype": args.dtype, "timing": "interleaved rounds (rotating order); each call from the prompt list to "
         "the tokens on the host: host preparation (padding, positions, vision metadata) timed on both sides",
         "jax_first_call_s": round(first["jax"], 3), "jax_generate_s": round(step_s["jax"], 4),

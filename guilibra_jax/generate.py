@@ -65,6 +65,9 @@ class SamplingConfig:
     banned_token_ids: never sampled (their logits are -inf before anything else), e.g. the
       vision placeholders: a response holding ``<|image_pad|>`` would take image features
       when the rollout is re-scored. Score with the same ids (:func:`score`).
+    logprobs: False for callers that read only tokens (evaluation): the output's logprobs
+      are 0, and a greedy step skips the log-normaliser over the vocabulary (a sampled
+      step's log-prob comes with its draw and is kept).
     """
     temperature: float = 1.0
     top_p: float = 1.0
@@ -73,6 +76,7 @@ class SamplingConfig:
     stop_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
     banned_token_ids: tuple[int, ...] = ()
+    logprobs: bool = True
 
     def __post_init__(self):
         ids = self.stop_token_ids
@@ -84,6 +88,7 @@ class SamplingConfig:
         object.__setattr__(self, "max_new_tokens", int(self.max_new_tokens))
         object.__setattr__(self, "pad_token_id", int(self.pad_token_id))
         object.__setattr__(self, "banned_token_ids", tuple(int(i) for i in (self.banned_token_ids or ())))
+        object.__setattr__(self, "logprobs", bool(self.logprobs))
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
@@ -143,7 +148,7 @@ def sampling_logits(logits: Array, temperature: float = 1.0, top_p: float = 1.0,
 
 
 def sample_token(logits: Array, rng: Array, temperature: float = 1.0, top_p: float = 1.0,
-                 top_k: int = 0) -> tuple[Array, Array]:
+                 top_k: int = 0, logprob: bool = True) -> tuple[Array, Array]:
     """Draw one token per row from ``logits`` [..., V].
 
     Order of operations (as transformers and vLLM): temperature, then top-k, then top-p
@@ -154,11 +159,13 @@ def sample_token(logits: Array, rng: Array, temperature: float = 1.0, top_p: flo
     change a greedy token. The options are static Python numbers.
 
     Returns (token [...] int32, logprob [...] float32): the log-prob of the token under
-    the renormalised sampling distribution.
+    the renormalised sampling distribution (greedy with ``logprob=False``: 0, not computed).
     """
     logits = logits.astype(jnp.float32)
     if temperature == 0:
         token = blocked_argmax(logits)
+        if not logprob:
+            return token, jnp.zeros(token.shape, jnp.float32)
         picked = jnp.take_along_axis(logits, token[..., None], axis=-1)[..., 0]
         return token, picked - jax.nn.logsumexp(logits, axis=-1)
     scores, index = sampling_logits(logits, temperature, top_p, top_k)
@@ -275,7 +282,8 @@ def _generate(graphdef, params, prompt_ids, prompt_mask, positions, rope_deltas,
 
     def emit(i, logits, tokens, logprobs, lengths, done):
         logits = ban_tokens(logits.astype(jnp.float32), config.banned_token_ids)
-        tok, lp = sample_token(logits, jax.random.fold_in(rng, i), config.temperature, config.top_p, config.top_k)
+        tok, lp = sample_token(logits, jax.random.fold_in(rng, i), config.temperature, config.top_p, config.top_k,
+                               config.logprobs)
         tok = jnp.where(done, pad, tok)
         lp = jnp.where(done, 0.0, lp)
         tokens = jax.lax.dynamic_update_slice(tokens, tok[:, None], (0, i))

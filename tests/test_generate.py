@@ -152,6 +152,17 @@ def test_greedy_equals_argmax_of_full_forward(family):
     assert np.abs(wrong.logprobs - out.logprobs).max() > 1e-2
 
 
+def test_greedy_without_logprobs_gives_the_same_tokens():
+    """SamplingConfig(logprobs=False), as evaluation asks: the greedy tokens, lengths and
+    stops of the default call, and log-probs of 0."""
+    _, out = greedy_run("qwen2_5_vl")
+    _, bare = run_generate("qwen2_5_vl", G.SamplingConfig(temperature=0.0, max_new_tokens=N_NEW, pad_token_id=0,
+                                                           logprobs=False))
+    np.testing.assert_array_equal(bare.tokens, out.tokens)
+    np.testing.assert_array_equal(bare.lengths, out.lengths)
+    assert not bare.logprobs.any() and out.logprobs.all()
+
+
 def test_sampled_logprobs_follow_filtered_full_forward():
     family = "qwen2_5_vl"
     config = G.SamplingConfig(temperature=0.8, top_p=0.9, top_k=40, max_new_tokens=N_NEW, pad_token_id=0)

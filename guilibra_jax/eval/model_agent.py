@@ -208,7 +208,8 @@ class CheckpointAgent:
         stop = tuple(dict.fromkeys(i for i in (tokenizer.convert_tokens_to_ids("<|im_end|>"),
                                                tokenizer.eos_token_id) if i is not None))
         self.sampling = G.SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens,
-                                         stop_token_ids=stop, pad_token_id=tokenizer.pad_token_id or 0)
+                                         stop_token_ids=stop, pad_token_id=tokenizer.pad_token_id or 0,
+                                         logprobs=False)
         self._rng = jax.random.key(seed)
 
     def at_step(self, step: int) -> "CheckpointAgent":

@@ -365,7 +365,7 @@ def make_evaluator(config, tokenizer, model_config, graphdef, workdir: str, mesh
     stop = tuple(i for i in (tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id)
                  if i is not None)
     sampling = G.SamplingConfig(temperature=0.0, max_new_tokens=config.train.eval_max_new_tokens,
-                                stop_token_ids=stop, pad_token_id=tokenizer.pad_token_id or 0)
+                                stop_token_ids=stop, pad_token_id=tokenizer.pad_token_id or 0, logprobs=False)
     train_targets = [r.reward_target() for r in readable_records(config, train_files(config, workdir))]
     baseline_cache: dict[str, float] = {}
 
