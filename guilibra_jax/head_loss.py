@@ -90,7 +90,9 @@ def _forward(h, w, targets, coef, valid, n, chunk, min_chunk, with_grad):
             g = S.constrain_batch(g.astype(w.dtype))
             dh = S.constrain_batch(jnp.einsum("bcv,vd->bcd", g, w, preferred_element_type=acc))
             out["dh"] = pad(dh.astype(h.dtype))
-            out["dw"] = jnp.einsum("bcv,bcd->vd", g, hc, preferred_element_type=acc)
+            # over (row, position) as one dim: contracting two, XLA's CPU dot transposes g first
+            # ([V, B, C]; dW 1.6x slower at 2 x 96 positions, docs/benchmarks.md)
+            out["dw"] = jnp.einsum("nv,nd->vd", g.reshape(-1, g.shape[-1]), hc.reshape(-1, d), preferred_element_type=acc)
         return out
 
     def add(carry, start, terms):

@@ -162,9 +162,11 @@ class QwenVL(nnx.Module):
     return self.lm_head.kernel[...].astype(self.dtype).T
 
   def logits_from_hidden(self, h):
-    """[..., D] -> float32 logits [..., V]."""
-    return jnp.einsum("...d,vd->...v", h.astype(self.dtype), self.lm_head_weight(),
-                      preferred_element_type=jnp.float32)
+    """[..., D] -> float32 logits [..., V] (the leading dims as one row dim, as layers.Linear: the
+    head's weight gradient then contracts one dim, with no transposed copy of the logits' gradient)."""
+    rows = h.reshape(-1, h.shape[-1]).astype(self.dtype)
+    logits = jnp.einsum("nd,vd->nv", rows, self.lm_head_weight(), preferred_element_type=jnp.float32)
+    return logits.reshape(h.shape[:-1] + logits.shape[-1:])
 
   def __call__(self, input_ids, positions, segment_ids, pixel_values=None, vision=None):
     """float32 logits [B, T, V]."""
