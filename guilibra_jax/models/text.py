@@ -71,7 +71,6 @@ class Attention(nnx.Module):
     return self.o_proj(out), (ck, cv)
 
 
-
 class DecoderLayer(nnx.Module):
 
   def __init__(self, tc: TextConfig, *, dtype, param_dtype, rngs, mlp_chunk: int = 0):
