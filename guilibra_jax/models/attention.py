@@ -108,8 +108,7 @@ def cached_attention(q, k, v, mask, *, scale: float):
     mask = mask[:, :, :, None, :]
   else:
     mask = jnp.transpose(mask.reshape(b, kh, g, t, -1), (0, 1, 3, 2, 4))
-  big_negative = -0.7 * float(jnp.finfo(jnp.float32).max)   # jax.nn.dot_product_attention's fill
-  probs = jax.nn.softmax(jnp.where(mask, logits, big_negative).astype(acc), axis=-1).astype(v.dtype)
+  probs = jax.nn.softmax(jnp.where(mask, logits, _NEG).astype(acc), axis=-1).astype(v.dtype)
   out = jax.lax.dot_general(probs.reshape(b, kh, t * g, -1), v.astype(dtype), (((3,), (2,)), batch))   # [B, K, TG, H]
   return jnp.transpose(out.reshape(b, kh, t, g, h), (0, 2, 1, 3, 4)).reshape(b, t, n, h).astype(dtype)
 
