@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -238,16 +238,8 @@ def decode_positions(prompt_mask: Array, rope_deltas: Array) -> Array:
     return n_real + rope_deltas.astype(jnp.int32)
 
 
-def map_cache_rows(f: Callable[[Array, int], Array], cache: dict) -> dict:
-    """``cache`` (models/text.py ``init_cache``) with ``f(array, row_axis)`` applied to every
-    row-indexed entry: "k" / "v" (stacked [L, B, ...] or tuples of per-layer [B, ...]),
-    "segment_ids", "decode_segment"; "index" (a scalar) as is."""
-    out = dict(cache)
-    for key in ("k", "v"):
-        out[key] = tuple(f(a, 0) for a in cache[key]) if isinstance(cache[key], tuple) else f(cache[key], 1)
-    for key in ("segment_ids", "decode_segment"):
-        out[key] = f(cache[key], 0)
-    return out
+# Row axis of each KV-cache entry (models/text.py ``init_cache``); "index" is a scalar.
+CACHE_ROW_AXIS = {"k": 1, "v": 1, "segment_ids": 0, "decode_segment": 0}
 
 
 def share_rows(logits: Array, cache: dict, first_pos: Array, copies: int, row_sharding=None):
@@ -260,7 +252,7 @@ def share_rows(logits: Array, cache: dict, first_pos: Array, copies: int, row_sh
     logits and positions follow it)."""
     rep = lambda x, axis: jnp.repeat(x, copies, axis=axis)  # noqa: E731
     logits, first_pos = rep(logits, 0), rep(first_pos, 0)
-    cache = map_cache_rows(rep, cache)
+    cache = {key: rep(x, CACHE_ROW_AXIS[key]) if key in CACHE_ROW_AXIS else x for key, x in cache.items()}
     if row_sharding is not None:
         mesh, axes = row_sharding
 
@@ -269,7 +261,7 @@ def share_rows(logits: Array, cache: dict, first_pos: Array, copies: int, row_sh
             spec[axis] = axes
             return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
 
-        cache = map_cache_rows(keep, cache)
+        cache = {key: keep(x, CACHE_ROW_AXIS[key]) if key in CACHE_ROW_AXIS else x for key, x in cache.items()}
     return logits, cache, first_pos
 
 

@@ -490,7 +490,7 @@ def test_generate_with_sharded_params(tmp_path):
     assert len(got["shared_hlo"]) == 1, got["shared_hlo"]
     with open(os.path.join(dump, got["shared_hlo"][0])) as f:
         hlo = f.read()
-    # the key cache: per layer [rows, K, H, S], or stacked [L, rows, K, H, S] (models/text.py init_cache)
-    cache_rows = {int(r) for r in re.findall(rf"f32\[(?:{cfg.text.num_layers},)?(\d+),\d+,{cfg.text.head_dim},"
-                                             rf"{cache_len}\]", hlo)}
+    # the key cache, [L, rows, K, H, S] (models/text.py init_cache)
+    cache_rows = {int(r) for r in re.findall(rf"f32\[{cfg.text.num_layers},(\d+),\d+,{cfg.text.head_dim},{cache_len}\]",
+                                             hlo)}
     assert 4 in cache_rows and max(cache_rows) == 4, cache_rows   # 8 rows / fsdp 2 (prefill: 4 / 2)

@@ -183,7 +183,7 @@ class QwenVL(nnx.Module):
     cache_size = cache_size or t
     if cache_size < t:
       raise ValueError(f"cache_size={cache_size} is smaller than the prompt length {t}")
-    cache = init_cache(self.config, b, cache_size, cache_dtype or self.dtype, stacked=self.scan_layers)
+    cache = init_cache(self.config, b, cache_size, cache_dtype or self.dtype)
     seg = segment_ids.astype(jnp.int32)
     cache["segment_ids"] = cache["segment_ids"].at[:, :t].set(seg)
     cache["decode_segment"] = jnp.maximum(seg.max(axis=1), 1)

@@ -45,10 +45,9 @@ class Attention(nnx.Module):
 
   def __call__(self, x, cos, sin, mask, kv_cache=None, index=None, prefix=None, layer=None):
     """x [B, T, D]; cos/sin [B, T, H]; mask: SegmentMask of T queries and S keys (or a bool
-    [B, 1, T, S]); kv_cache: (k, v) of init_cache's layouts or None: every layer's stacked
-    [L, B, ...], updated at ``layer`` (an int or a traced index), or with ``layer`` None this
-    layer's own [B, ...]; updated in place at slots index.. and returned whole (a decode step
-    writes its slot instead of copying the cache); without a cache returns this call's
+    [B, 1, T, S]); kv_cache: every layer's (k, v) stacked (init_cache's layouts) or None, updated in
+    place at ``layer`` (an int or a traced index), slots index.., and returned whole (a decode
+    step writes its slot instead of copying the cache); without a cache returns this call's
     (k, v). prefix (k, v) [B, Sp, K, H] or None: keys / values (rotated) of a shared prompt put
     before this call's own (S = Sp + T)."""
     q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -62,19 +61,13 @@ class Attention(nnx.Module):
     if kv_cache is None:
       return self.o_proj(dot_product_attention(q, k, v, mask, scale=self.scale)), (k, v)
     ck, cv = kv_cache
-    k, v = jnp.transpose(k, K_LAYOUT).astype(ck.dtype), jnp.transpose(v, V_LAYOUT).astype(cv.dtype)
-    if layer is None:   # this layer's own cache
-      ck = lk = jax.lax.dynamic_update_slice(ck, k, (0, 0, 0, index))
-      cv = lv = jax.lax.dynamic_update_slice(cv, v, (0, 0, index, 0))
-    else:
-      ck = jax.lax.dynamic_update_slice(ck, k[None], (layer, 0, 0, 0, index))
-      cv = jax.lax.dynamic_update_slice(cv, v[None], (layer, 0, 0, index, 0))
-      lk, lv = ck[layer], cv[layer]
+    ck = jax.lax.dynamic_update_slice(ck, jnp.transpose(k, K_LAYOUT).astype(ck.dtype)[None], (layer, 0, 0, 0, index))
+    cv = jax.lax.dynamic_update_slice(cv, jnp.transpose(v, V_LAYOUT).astype(cv.dtype)[None], (layer, 0, 0, index, 0))
     if q.shape[1] <= getattr(mask, "block", q.shape[1]):   # decode (and short prefills): the cache as stored
-      out = cached_attention(q, lk, lv, mask, scale=self.scale)
+      out = cached_attention(q, ck[layer], cv[layer], mask, scale=self.scale)
     else:   # a long prefill: blockwise attention over [B, S, K, H]
-      out = dot_product_attention(q, jnp.transpose(lk, (0, 3, 1, 2)), jnp.transpose(lv, V_LAYOUT), mask,
-                                  scale=self.scale)
+      out = dot_product_attention(q, jnp.transpose(ck[layer], (0, 3, 1, 2)), jnp.transpose(cv[layer], V_LAYOUT),
+                                  mask, scale=self.scale)
     return self.o_proj(out), (ck, cv)
 
 
@@ -131,8 +124,7 @@ class TextModel(nnx.Module):
     """h [B, T, D] input embeddings; positions [3, B, T]; mask: attention.SegmentMask.
 
     deepstack_add(i) -> [B, T, D] is added after layer i < n_deepstack (Qwen3-VL).
-    cache: (k, v) of init_cache's layouts (stacked [L, B, ...] with scan_layers, else tuples of L
-    arrays [B, ...]) or None. Returns (normed hidden, new (k, v) or None).
+    cache: (k, v) stacked (init_cache's layouts) or None. Returns (normed hidden, new (k, v) or None).
     """
     tc = self.tc
     cos, sin = text_rope(positions, tc.head_dim, tc.rope_theta, tc.mrope_section, tc.mrope_interleaved)
@@ -162,21 +154,17 @@ class TextModel(nnx.Module):
       (h, new_cache), _ = jax.lax.scan(body, (h, cache), (stacked, jnp.arange(tc.num_layers)))
       return self.norm(h), new_cache
 
-    # Unrolled, each layer reads and writes its own cache arrays: a slice of one stacked [L, ...]
-    # cache is a copy on XLA's CPU (every layer's whole cache copied on every decode step).
-    ks, vs = (list(cache[0]), list(cache[1])) if cache is not None else (None, None)
+    kv = cache
     for i in range(tc.num_layers):
       gdef, layer_state = nnx.split(self.layers[i])
       add = deepstack_add if (deepstack_add is not None and i < n_deepstack) else None
 
       def one_layer(st, x, kv, g=gdef, add=add, i=i):
-        x, kv = nnx.merge(g, st)(x, cos, sin, mask, kv, index)   # (its own cache)
+        x, kv = nnx.merge(g, st)(x, cos, sin, mask, kv, index, layer=i)
         return S.constrain_batch(x if add is None else x + add(i)), (kv if cache is not None else None)
 
-      h, kv = self._checkpointed(one_layer)(layer_state, h, None if cache is None else (ks[i], vs[i]))
-      if cache is not None:
-        ks[i], vs[i] = kv
-    return self.norm(h), (None if cache is None else (tuple(ks), tuple(vs)))
+      h, kv = self._checkpointed(one_layer)(layer_state, h, kv)
+    return self.norm(h), kv
 
   def shared_prompt(self, hp, positions_p, mask_p, deepstack_add, n_deepstack, hr, positions_r, mask_r):
     """Two streams through the layers: B' prompts hp [B', Tp, D] (positions [3, B', Tp],
@@ -226,17 +214,12 @@ class TextModel(nnx.Module):
     return self.norm(hp), self.norm(hr)
 
 
-def init_cache(config: ModelConfig, batch: int, cache_size: int, dtype=jnp.float32, stacked: bool = True) -> dict:
-  """An empty KV cache: "k" [L, B, K, H, S] and "v" [L, B, K, S, H] (``stacked``: what a scan
-  over the layers carries), else tuples of L arrays [B, K, H, S] / [B, K, S, H] (one per unrolled
-  layer, read without a copy); segment ids [B, S], the write index, each row's decode segment."""
+def init_cache(config: ModelConfig, batch: int, cache_size: int, dtype=jnp.float32) -> dict:
   tc = config.text
-  shape = ((tc.num_layers,) if stacked else ()) + (batch, tc.num_kv_heads)
-  k = lambda: jnp.zeros(shape + (tc.head_dim, cache_size), dtype)  # noqa: E731
-  v = lambda: jnp.zeros(shape + (cache_size, tc.head_dim), dtype)  # noqa: E731
+  rows = (tc.num_layers, batch, tc.num_kv_heads)
   return {
-      "k": k() if stacked else tuple(k() for _ in range(tc.num_layers)),
-      "v": v() if stacked else tuple(v() for _ in range(tc.num_layers)),
+      "k": jnp.zeros(rows + (tc.head_dim, cache_size), dtype),
+      "v": jnp.zeros(rows + (cache_size, tc.head_dim), dtype),
       "segment_ids": jnp.zeros((batch, cache_size), jnp.int32),
       "index": jnp.zeros((), jnp.int32),
       "decode_segment": jnp.ones((batch,), jnp.int32),
