@@ -20,6 +20,10 @@ shape and source op name, the traced step time and the measured matmul peak. Ops
 concurrently on the CPU thread pool are each timed from start to end, so the categories can
 add up to more than the step; ops_busy_s_per_step is the time some op was running (the union
 of their intervals), the rest of the step is dispatch and waiting.
+An op's traced time is not what removing it saves: tracing adds a cost per op, and an op that
+runs beside the critical path on another core costs little wall time (a layer slice of the KV
+cache took 0.28 s of a 1.29 s traced generation, and removing it left the untraced time as it was,
+docs/benchmarks.md). Confirm a change with untraced, alternated timings.
 Writes benchmarks/results/op_profile-<model>-<dtype>-<machine>.json (see --out_dir).
 """
 from __future__ import annotations
