@@ -92,7 +92,8 @@ def _forward(h, w, targets, coef, valid, n, chunk, min_chunk, with_grad):
             out["dh"] = pad(dh.astype(h.dtype))
             # over (row, position) as one dim: contracting two, XLA's CPU dot transposes g first
             # ([V, B, C]; dW 1.6x slower at 2 x 96 positions, docs/benchmarks.md)
-            out["dw"] = jnp.einsum("nv,nd->vd", g.reshape(-1, g.shape[-1]), hc.reshape(-1, d), preferred_element_type=acc)
+            g_rows, h_rows = g.reshape(-1, g.shape[-1]), hc.reshape(-1, d)
+            out["dw"] = jnp.einsum("nv,nd->vd", g_rows, h_rows, preferred_element_type=acc)
         return out
 
     def add(carry, start, terms):

@@ -47,7 +47,8 @@ class Linear(nnx.Module):
     # contracts over both and XLA's CPU backend transposes an activation-sized operand for it
     # (the MLP's forward + backward 40% slower at 32 x 32 tokens, benchmarks in docs/benchmarks.md).
     rows = x.reshape((-1,) + x.shape[x.ndim - n_in:]).astype(self.dtype)
-    y = jnp.einsum(f"a{ins},{ins}{outs}->a{outs}", rows, self.kernel[...].astype(self.dtype)).reshape(lead + self.out_shape)
+    y = jnp.einsum(f"a{ins},{ins}{outs}->a{outs}", rows, self.kernel[...].astype(self.dtype))
+    y = y.reshape(lead + self.out_shape)
     if self.bias is not None:
       y = y + self.bias[...].astype(self.dtype)
     return y
