@@ -24,22 +24,34 @@ An op's traced time is not what removing it saves: tracing adds a cost per op, a
 runs beside the critical path on another core costs little wall time (a layer slice of the KV
 cache took 0.28 s of a 1.29 s traced generation, and removing it left the untraced time as it was,
 docs/benchmarks.md). Confirm a change with untraced, alternated timings.
-Writes benchmarks/results/op_profile-<model>-<dtype>-<machine>.json (see --out_dir).
+--step=grpo | distill: one whole RL step of benchmarks.trainers' ours side instead (same recipe, model
+folder and prompt batches; --size / --prompts / --group / --max_new_tokens as there), every
+executable it runs (XLA's optimized HLO dumped to a temporary folder, ops keyed by module) and
+the ops split by phase (generation, scoring, update: the step's trace annotations; an op goes to
+the phase that started last before it). Untraced phase times (medians of --steps steps, before
+tracing) are reported beside the traced ones: the trace's own cost is their difference.
+  python -m benchmarks.op_profile --step=distill --size=bench35m --prompts=4 --group=8 --steps=2
+Writes benchmarks/results/op_profile-<model>-<dtype>-<machine>.json, or
+op_profile-<step>-<size>-<machine>.json (see --out_dir).
 """
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import glob
 import gzip
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 
 TRACE_FLAG = "--xla_cpu_enable_xprof_traceme=true"
 VOCAB_MIN = 32_768   # a dot dimension this large is the vocabulary
+RL_STEPS = ("grpo", "distill")
+PHASES = ("generation", "scoring", "update")   # benchmarks.trainers.ours_step's trace annotations
 
 
 def parse_args(argv=None):
@@ -51,6 +63,12 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=3, help="traced steps (after 2 untraced)")
     p.add_argument("--top", type=int, default=40, help="ops listed")
     p.add_argument("--xla_flags", default="", help="appended to XLA_FLAGS (and recorded)")
+    p.add_argument("--step", default="asft", choices=("asft",) + RL_STEPS,
+                   help="asft: benchmarks.step's JAX step | grpo / distill: benchmarks.trainers' ours side")
+    p.add_argument("--size", default="bench35m", help="--step=grpo|distill: model.tiny.* preset (rl_step.SIZES)")
+    p.add_argument("--prompts", type=int, default=4, help="--step=grpo|distill: prompts per step")
+    p.add_argument("--group", type=int, default=8, help="--step=grpo|distill: responses per prompt")
+    p.add_argument("--max_new_tokens", type=int, default=32, help="--step=grpo|distill: response length limit")
     from benchmarks import _common as C
     C.add_result_args(p)
     return p.parse_args(argv)
@@ -106,6 +124,52 @@ def hlo_ops(text: str) -> dict:
     return table
 
 
+def dumped_ops(folder: str) -> tuple[dict, list[str]]:
+    """Every module XLA dumped to ``folder`` (--xla_dump_to, after optimizations) as one table
+    keyed "<module>/<op>" (what ``keyed`` makes of a thunk event), and the module names dumped
+    more than once with different text (their ops take the first dump's shapes and FLOPs)."""
+    table, seen, ambiguous = {}, {}, []
+    for path in sorted(glob.glob(os.path.join(folder, "*after_optimizations.txt"))):
+        with open(path) as f:
+            text = f.read()
+        m = re.search(r"^HloModule ([\w.\-]+)", text, re.M)
+        if not m:
+            continue
+        module = m.group(1)
+        if module in seen:
+            if seen[module] != hash(text) and module not in ambiguous:
+                ambiguous.append(module)
+            continue
+        seen[module] = hash(text)
+        table.update({f"{module}/{name}": op for name, op in hlo_ops(text).items()})
+    return table, ambiguous
+
+
+def keyed(events: list[dict]) -> list[dict]:
+    """Thunk events renamed "<module>/<op>" (their hlo_module argument): ops of several
+    executables share names."""
+    out = []
+    for e in events:
+        module = (e.get("args") or {}).get("hlo_module")
+        out.append({**e, "name": f"{module}/{e['name']}"} if module else e)
+    return out
+
+
+def by_phase(events: list[dict], phases=PHASES) -> dict[str, list[dict]]:
+    """The events split by the phase annotation that started last before each (events before
+    the first annotation are dropped)."""
+    marks = sorted((e["ts"], e["name"]) for e in events if e.get("ph") == "X" and e.get("name") in phases)
+    starts = [ts for ts, _ in marks]
+    out = {p: [] for p in phases}
+    for e in events:
+        if e.get("ph") != "X" or e.get("name") in phases:
+            continue
+        i = bisect.bisect_right(starts, e.get("ts", 0)) - 1
+        if i >= 0:
+            out[marks[i][1]].append(e)
+    return out
+
+
 def category(name: str, op: dict) -> str:
     if op["opcode"] in ("while", "conditional", "call"):
         return "control"
@@ -154,9 +218,74 @@ def summarize(events: list[dict], ops: dict, steps: int, top: int) -> dict:
     return {"ops_busy_s_per_step": round(busy / 1e6 / steps, 4), "categories": dict(sorted(cats.items(), key=lambda kv: -kv[1]["s_per_step"])), "top_ops": rows[:top]}
 
 
+def rl_profile(args, dump: str) -> dict:
+    """--step=grpo|distill: benchmarks.trainers' ours side stepped in this process, 2 warm-up
+    steps, --steps untraced, --steps traced; the phases' ops from the trace."""
+    import jax
+    import numpy as np
+
+    from benchmarks import trainers as T
+    from guilibra_jax.train import config as run_config
+    from guilibra_jax.train import data_source
+    from guilibra_jax.train import multihost as MH
+    from guilibra_jax.train.rl import setup as RS
+
+    ap = argparse.ArgumentParser()
+    T.add_step_args(ap)
+    targs = ap.parse_args([f"--size={args.size}", f"--prompts={args.prompts}", f"--group={args.group}",
+                           f"--max_new_tokens={args.max_new_tokens}", f"--steps={2 * args.steps + 1}"])
+    targs.pair = args.step
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir, model_dir = os.path.join(tmp, "run"), os.path.join(tmp, "model")
+        params = T.make_model_folder(targs, workdir, model_dir)
+        targs.teacher_dir = ""
+        if args.step == "distill":
+            targs.teacher_dir = os.path.join(tmp, "teacher")
+            T.make_model_folder(targs, workdir, targs.teacher_dir, seed=targs.seed + 1)
+        batches = T.draw_batches(targs, workdir, model_dir, 2 * args.steps + 2)
+        config = T.build_config(targs, model_dir, targs.teacher_dir)
+        run_config.validate(config)
+        s, state, _ = RS.setup(config, MH.run_mesh(config), data_source.prepare_tokenizer(config, workdir))
+        step = lambda r: T.ours_step(s, state, batches[r], jax.random.PRNGKey(1000 + r))
+        for r in range(2):
+            state, _ = step(r)
+        untraced = []
+        for r in range(2, 2 + args.steps):
+            state, out = step(r)
+            untraced.append(out)
+        with tempfile.TemporaryDirectory() as d:
+            with jax.profiler.trace(d):
+                traced = []
+                for r in range(2 + args.steps, 2 + 2 * args.steps):
+                    state, out = step(r)
+                    traced.append(out)
+            events = keyed(trace_events(d))
+        ops, ambiguous = dumped_ops(dump)
+    med = lambda rows, k: round(float(np.median([x[k] for x in rows])), 4)
+    split = by_phase(events)
+    phases = {}
+    for p in PHASES:
+        phases[p] = {"untraced_s": med(untraced, f"{p}_s"), "traced_s": med(traced, f"{p}_s"),
+                     **summarize(split[p], ops, args.steps, args.top)}
+    return {"step": args.step, "size": args.size, "params": params, "prompts": args.prompts, "group": args.group,
+            "rows": args.prompts * args.group, "max_new_tokens": args.max_new_tokens, "dtype": "float32",
+            "traced_steps": args.steps, "untraced_steps": args.steps,
+            "step_s": {"untraced": med(untraced, "step_s"), "traced": med(traced, "step_s")},
+            "ambiguous_modules": ambiguous, "phases": phases}
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    os.environ["XLA_FLAGS"] = " ".join(x for x in (os.environ.get("XLA_FLAGS", ""), TRACE_FLAG, args.xla_flags) if x)
+    flags = [os.environ.get("XLA_FLAGS", ""), TRACE_FLAG, args.xla_flags]
+    dump = tempfile.mkdtemp(prefix="op_profile_hlo_") if args.step in RL_STEPS else None
+    if dump:
+        flags.append(f"--xla_dump_to={dump} --xla_dump_hlo_as_text")
+    os.environ["XLA_FLAGS"] = " ".join(x for x in flags if x)
+    if dump:
+        try:
+            return rl_main(args, dump)
+        finally:
+            shutil.rmtree(dump, ignore_errors=True)
     import jax
     import numpy as np
 
@@ -185,6 +314,23 @@ def main(argv=None) -> dict:
         print(f"[op_profile] {name:12s} {c['s_per_step']:7.3f} s/step {c['gflop_per_step']:8.1f} GFLOP "
               f"{c['gflop_per_s'] or 0:7.1f} GFLOP/s", flush=True)
     return C.report("op_profile", f"op_profile-{args.model}-{sargs.dtype}", result, args, start)
+
+
+def rl_main(args, dump: str) -> dict:
+    from benchmarks import _common as C
+
+    start = C.run_start()
+    result = {"benchmark": "op_profile", **rl_profile(args, dump), "xla_flags": os.environ["XLA_FLAGS"],
+              "measured_peak_flops": C.measure_matmul_peak(),
+              "timing": "per phase: op wall time per step from the profiler's thunk events (concurrent ops overlap); "
+                        "untraced_s / traced_s: the phase's median wall time without / with the profiler"}
+    for p, ph in result["phases"].items():
+        print(f"[op_profile] {p}: untraced {ph['untraced_s']:.3f} s, traced {ph['traced_s']:.3f} s, "
+              f"ops busy {ph['ops_busy_s_per_step']:.3f} s", flush=True)
+        for name, c in ph["categories"].items():
+            print(f"[op_profile]   {name:12s} {c['s_per_step']:7.3f} s/step {c['gflop_per_step']:8.1f} GFLOP "
+                  f"{c['gflop_per_s'] or 0:7.1f} GFLOP/s", flush=True)
+    return C.report("op_profile", f"op_profile-{args.step}-{args.size}", result, args, start)
 
 
 if __name__ == "__main__":

@@ -246,18 +246,24 @@ def ours_side(conn, args, workdir: str, model_dir: str, batches: list[dict], che
 
 
 def ours_step(s, state, batch, key):
+    """One step, its phases timed (and named in a profiler trace: benchmarks/op_profile.py)."""
+    from jax.profiler import TraceAnnotation
+
     from benchmarks.rl_step import group_std_mean, token_reward
     from guilibra_jax.train.rl import advantages as ADV
     from guilibra_jax.train.rl import phases as PH
 
     t0 = time.perf_counter()
-    ro = PH.rollout(s, state["params"], batch, key)
+    with TraceAnnotation("generation"):
+        ro = PH.rollout(s, state["params"], batch, key)
     t1 = time.perf_counter()
-    sc = token_reward(s, ro)
-    adv = ADV.compute(sc.reward, sc.success & ro.valid, s.rl.group_size, s.method, s.rl)
-    scores = PH.score(s, state["params"], ro)
+    with TraceAnnotation("scoring"):
+        sc = token_reward(s, ro)
+        adv = ADV.compute(sc.reward, sc.success & ro.valid, s.rl.group_size, s.method, s.rl)
+        scores = PH.score(s, state["params"], ro)
     t2 = time.perf_counter()
-    state, metrics, _ = PH.update(s, state, ro, adv, scores)
+    with TraceAnnotation("update"):
+        state, metrics, _ = PH.update(s, state, ro, adv, scores)
     t3 = time.perf_counter()
     return state, {"generation_s": t1 - t0, "scoring_s": t2 - t1, "update_s": t3 - t2, "step_s": t3 - t0,
                    "response_tokens": int(ro.lengths[ro.valid].sum()), "reward_mean": float(sc.reward.mean()),

@@ -171,6 +171,42 @@ def test_op_profile_counts_each_compiled_dot_and_puts_vocabulary_dots_in_the_hea
     assert P.summarize(overlapping, ops, steps=2, top=1)["ops_busy_s_per_step"] == 3.0   # (4 + 2) s over 2 steps
 
 
+def test_op_profile_keys_ops_by_module_and_splits_them_by_the_phase_that_started_last():
+    from benchmarks import op_profile as P
+
+    events = [{"ph": "X", "name": "generation", "ts": 0, "dur": 10},
+              {"ph": "X", "name": "dot.1", "ts": 2, "dur": 3, "args": {"hlo_module": "jit__generate"}},
+              {"ph": "X", "name": "update", "ts": 10, "dur": 5},
+              {"ph": "X", "name": "dot.1", "ts": 11, "dur": 2, "args": {"hlo_module": "jit_traced"}},
+              {"ph": "X", "name": "dot.2", "ts": 16, "dur": 1, "args": {"hlo_module": "jit_traced"}},  # spills over
+              {"ph": "X", "name": "PjitFunction(f)", "ts": -5, "dur": 1}]                           # before any phase
+    split = P.by_phase(P.keyed(events))
+    assert [e["name"] for e in split["generation"]] == ["jit__generate/dot.1"]
+    assert [e["name"] for e in split["update"]] == ["jit_traced/dot.1", "jit_traced/dot.2"]
+    assert split["scoring"] == []
+
+
+def test_op_profile_of_an_rl_step_joins_every_executable_with_its_trace(tmp_path):
+    """--step=grpo end to end on the tiny model (its own process: the trace and dump flags must
+    precede JAX): each phase's ops found in the dumped HLO, dots with FLOPs in generation and
+    update, untraced and traced phase times."""
+    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+    cmd = [sys.executable, "-m", "benchmarks.op_profile", "--step=grpo", "--size=tiny", "--prompts=2", "--group=2",
+           "--max_new_tokens=4", "--steps=1", f"--out_dir={tmp_path}", "--loaded"]
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
+    [path] = tmp_path.glob("op_profile-grpo-tiny-*.json")
+    res = json.loads(path.read_text())
+    assert res["step_s"]["untraced"] > 0
+    for phase in ("generation", "update"):
+        ph = res["phases"][phase]
+        assert ph["untraced_s"] > 0 and ph["traced_s"] > 0 and ph["ops_busy_s_per_step"] > 0
+        assert ph["categories"]["dot"]["gflop_per_step"] > 0
+        # the phase's executables were compiled once (small helpers like jit_stage may be
+        # compiled for several shapes: their ops are listed as ambiguous)
+        assert not {r["op"].split("/")[0] for r in ph["top_ops"]} & set(res["ambiguous_modules"])
+    _provenance(res)
+
+
 def test_dot_backends_times_each_shape_on_each_side_and_writes_results(tmp_path):
     from benchmarks import dot_backends
 
