@@ -142,6 +142,16 @@ def run_start() -> dict:
             "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
+def launcher_malloc() -> None:
+    """Run this benchmark as the launchers run training: re-execute it with their malloc
+    tunables (``guilibra_jax.train.distributed.reexec_with_hugepages``: huge pages for malloc's
+    large buffers; GUILIBRA_NO_HUGEPAGES=1 measures without). A peer's side in a child process
+    inherits the environment, one in this process shares it: both sides run alike. Called
+    first thing under ``__main__``; write_result records GLIBC_TUNABLES."""
+    from guilibra_jax.train import distributed
+    distributed.reexec_with_hugepages()
+
+
 def write_result(name: str, result: dict, out_dir: str | None, loaded: bool | None, start: dict,
                  machine: dict | None = None) -> str | None:
     """Add machine (``machine_info()`` unless given), versions, ``start`` (run_start()), the
@@ -150,7 +160,8 @@ def write_result(name: str, result: dict, out_dir: str | None, loaded: bool | No
     machine = machine or machine_info()
     auto = is_loaded(start["load_average_before"], machine["cpu_cores"] or 1)
     result.update({"machine": machine, "versions": versions(), **start, "load_average_after": load_average(),
-                   "loaded": auto if loaded is None else loaded})
+                   "loaded": auto if loaded is None else loaded,
+                   "glibc_tunables": os.environ.get("GLIBC_TUNABLES", "")})
     if out_dir == "":
         return None
     out_dir = out_dir or RESULTS_DIR

@@ -89,4 +89,6 @@ def main():
 
 
 if __name__ == "__main__":
+  from benchmarks._common import launcher_malloc
+  launcher_malloc()
   main()

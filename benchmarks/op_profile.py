@@ -334,4 +334,6 @@ def rl_main(args, dump: str) -> dict:
 
 
 if __name__ == "__main__":
+    from benchmarks._common import launcher_malloc
+    launcher_malloc()
     sys.exit(0 if main() else 1)

@@ -304,4 +304,6 @@ def _run(args, start: dict) -> dict:
 
 
 if __name__ == "__main__":
+    from benchmarks._common import launcher_malloc
+    launcher_malloc()
     main()

@@ -361,4 +361,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+    from benchmarks._common import launcher_malloc
+    launcher_malloc()
     main()

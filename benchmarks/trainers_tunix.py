@@ -680,4 +680,6 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--tunix_worker":
         tunix_worker_main(sys.argv[2])
     else:
+        from benchmarks._common import launcher_malloc
+        launcher_malloc()
         main()

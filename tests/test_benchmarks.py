@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 def _provenance(res):
     assert res["machine"]["cpu_cores"] >= 1 and res["machine"]["slug"]
     assert res["versions"]["jax"] and res["versions"]["torch"]
-    assert "commit" in res["git"] and isinstance(res["loaded"], bool)
+    assert "commit" in res["git"] and isinstance(res["loaded"], bool) and "glibc_tunables" in res
 
 
 @pytest.mark.slow   # minutes on 2 cores; the sampler smoke covers the harness, test_head_loss the step parity
@@ -190,13 +190,18 @@ def test_op_profile_of_an_rl_step_joins_every_executable_with_its_trace(tmp_path
     """--step=grpo end to end on the tiny model (its own process: the trace and dump flags must
     precede JAX): each phase's ops found in the dumped HLO, dots with FLOPs in generation and
     update, untraced and traced phase times."""
-    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "GUILIBRA_NO_HUGEPAGES")}
+    env.update(XLA_FLAGS="", JAX_PLATFORMS="cpu")
     cmd = [sys.executable, "-m", "benchmarks.op_profile", "--step=grpo", "--size=tiny", "--prompts=2", "--group=2",
            "--max_new_tokens=4", "--steps=1", f"--out_dir={tmp_path}", "--loaded"]
     subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
     [path] = tmp_path.glob("op_profile-grpo-tiny-*.json")
     res = json.loads(path.read_text())
     assert res["step_s"]["untraced"] > 0
+    # run as the launchers run training: with their malloc tunables (where glibc reads them)
+    from guilibra_jax.train import distributed
+    launcher_env = distributed.hugepage_environ(env, os.confstr("CS_GNU_LIBC_VERSION"))
+    assert res["glibc_tunables"] == (launcher_env["GLIBC_TUNABLES"] if launcher_env else "")
     for phase in ("generation", "update"):
         ph = res["phases"][phase]
         assert ph["untraced_s"] > 0 and ph["traced_s"] > 0 and ph["ops_busy_s_per_step"] > 0
