@@ -21,7 +21,11 @@ Both torch sides run with --threads intra-op threads (default: all cores, which 
 backend uses); the JSON records torch's thread counts and attention implementation.
 
 Timing. Round 0 runs every side once untimed (compilation; "first_step_s"), then --steps rounds
-run each side once, in an order that rotates every round. A timed step starts from the host batch
+run each side once, in an order that rotates every round. --steps_per_turn K > 1: each side runs
+K consecutive steps per turn; the first of a turn (the side's step after the other sides ran: on
+a 2-core VM ~0.9 s slower for either side, as after any idle time) is reported apart
+("turn_first_step_s"), "step_s" is the median of the other K - 1 (back-to-back steps, as a
+training run takes them). A timed step starts from the host batch
 (numpy: token ids, attention segments, targets, loss segments, image grids, pixels) and ends when
 the update is done, so host-side preparation is timed on both sides: JAX computes M-RoPE positions
 (get_rope_index) and the vision tower's metadata (prepare_vision_inputs) and places the batch
@@ -445,6 +449,8 @@ def parse_args(argv=None):
     p.add_argument("--loss_fraction", type=float, default=1 / 3,
                    help="the responses' share of each row (the positions that carry loss)")
     p.add_argument("--steps", type=int, default=5, help="timed rounds after the untimed first (>= 1)")
+    p.add_argument("--steps_per_turn", type=int, default=3,
+                   help="consecutive steps per side per round; >1: step_s from all but each turn's first")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--mesh", default="-1,1,1", help="data,fsdp,tensor sizes; one may be -1")
     p.add_argument("--logits_chunk", type=int, default=128, help="JAX: head positions per row per chunk")
@@ -470,6 +476,8 @@ def parse_args(argv=None):
             args.torch = False
     if args.steps < 1:
         p.error(f"--steps={args.steps}: need at least 1 timed round")
+    if args.steps_per_turn < 1:
+        p.error(f"--steps_per_turn={args.steps_per_turn}: need at least 1")
     args.variants = {}
     for part in filter(None, (x.strip() for x in args.xla_variants.split(";"))):
         name, sep, flags = part.partition("=")
@@ -499,7 +507,7 @@ def main(argv=None) -> dict:
     print(f"[step] {args.model} {args.dtype} batch {stats['rows']} x {stats['seq']}, loss positions "
           f"{stats['loss_positions']} ({stats['loss_fraction']:.0%} of tokens), sides {sides}", flush=True)
 
-    remotes, hist = {}, {s: {"losses": [], "grad_norms": [], "times": []} for s in sides}
+    remotes, hist = {}, {s: {"losses": [], "grad_norms": [], "times": [], "turn_first": []} for s in sides}
     with tempfile.TemporaryDirectory() as d:
         try:
             remotes["jax"] = Remote("jax", args, config, raw, d if args.torch else None)
@@ -512,13 +520,16 @@ def main(argv=None) -> dict:
             for r in range(args.steps + 1):
                 order = sides[r % len(sides):] + sides[:r % len(sides)]
                 for s in order:
-                    dt, loss, gnorm = remotes[s].call("step")
-                    hist[s]["losses"].append(loss)
-                    hist[s]["grad_norms"].append(gnorm)
-                    if r == 0:
-                        first[s] = dt
-                    else:
-                        hist[s]["times"].append(dt)
+                    for k in range(args.steps_per_turn if r else 1):
+                        dt, loss, gnorm = remotes[s].call("step")
+                        hist[s]["losses"].append(loss)
+                        hist[s]["grad_norms"].append(gnorm)
+                        if r == 0:
+                            first[s] = dt
+                        elif k == 0 and args.steps_per_turn > 1:
+                            hist[s]["turn_first"].append(dt)
+                        else:
+                            hist[s]["times"].append(dt)
                 print(f"[step] round {r}: " + ", ".join(f"{s} {hist[s]['times'][-1] if r else first[s]:.3f}s"
                                                          for s in sides), flush=True)
             summaries = {s: remotes[s].call("summary") for s in sides}
@@ -544,6 +555,9 @@ def main(argv=None) -> dict:
         executed = fl["executed_flops_jax" if s.startswith("jax") else "executed_flops_torch"]
         res[s] = {**summaries[s], "first_step_s": round(first[s], 3), "step_s": round(step_s, 4),
                   "step_times_s": [round(x, 4) for x in hist[s]["times"]],
+                  **({"turn_first_step_s": round(float(np.median(hist[s]["turn_first"])), 4),
+                      "turn_first_times_s": [round(x, 4) for x in hist[s]["turn_first"]]}
+                     if hist[s]["turn_first"] else {}),
                   "tokens_per_s": round(stats["tokens"] / step_s, 1),
                   "tokens_per_s_per_device": round(stats["tokens"] / step_s / ndev, 1),
                   "executed_flops": executed,
@@ -554,7 +568,7 @@ def main(argv=None) -> dict:
             res[s]["nominal_peak_flops"] = nominal
             res[s]["mfu_vs_nominal"] = round(fl["model_flops"] / (step_s * nominal * ndev), 4)
     result = {"benchmark": "train_step", "model": args.model, "dtype": args.dtype, "batch": stats,
-              "image": args.image, "rounds": args.steps, "asft": ASFT, "optim": OPTIM, "params": groups, **fl,
+              "image": args.image, "rounds": args.steps, "steps_per_turn": args.steps_per_turn, "asft": ASFT, "optim": OPTIM, "params": groups, **fl,
               "measured_peak_flops": peak, "timing": "interleaved rounds (rotating order); each step from the host "
               "batch to the finished update: host preparation (positions, vision metadata) timed on both sides",
               "sides": res,

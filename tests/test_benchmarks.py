@@ -23,7 +23,7 @@ def _provenance(res):
 def test_step_benchmark_interleaves_sides_with_parity_and_writes_results(tmp_path):
     from benchmarks import step
 
-    res = step.main(["--model=tiny", "--seq=64", "--image=56", "--steps=1", "--mesh=1,1,1",
+    res = step.main(["--model=tiny", "--seq=64", "--image=56", "--steps=1", "--steps_per_turn=2", "--mesh=1,1,1",
                      "--no-torch_compile", f"--out_dir={tmp_path}", "--loaded",
                      "--xla_variants", "eigen=--xla_cpu_experimental_ynn_fusion_type="])
     files = list(tmp_path.glob("step-tiny-float32-*.json"))
@@ -39,7 +39,9 @@ def test_step_benchmark_interleaves_sides_with_parity_and_writes_results(tmp_pat
     assert res["executed_flops_jax"] < res["executed_flops_torch"]
     for side in ("jax", "torch_eager"):
         s = res["sides"][side]
-        assert len(s["step_times_s"]) == 1 and s["tokens_per_s"] > 0 and len(s["losses"]) == 2
+        # one round of two steps per side: the turn's first apart, the second timed (round 0 untimed)
+        assert len(s["step_times_s"]) == 1 and len(s["turn_first_times_s"]) == 1 and len(s["losses"]) == 3
+        assert s["tokens_per_s"] > 0
     assert res["sides"]["torch_eager"]["attn_implementation"] == "sdpa"
     assert res["sides"]["torch_eager"]["threads"] == os.cpu_count()
     assert res["sides"]["jax"]["host_prep_s"] > 0 and "jax_vs_torch_eager" in res["speedup"]
