@@ -132,7 +132,7 @@ def build_config(args, model_dir: str = "", teacher_dir: str = ""):
         c.train.memory_plan = False
     c.optim.update(lr=args.lr, schedule="constant", warmup_steps=0, weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8,
                    clip_norm=1.0)
-    c.train.update(steps=args.steps + 1, export=False, progress=False, tensorboard=False, eval_every=0)
+    c.train.update(steps=total_steps(args), export=False, progress=False, tensorboard=False, eval_every=0)
     return c
 
 
@@ -339,7 +339,7 @@ def grpo_args(args, out_dir: str):
 
     rows = args.prompts * args.group
     return GRPOConfig(
-        output_dir=out_dir, max_steps=args.steps + 1, per_device_train_batch_size=rows, gradient_accumulation_steps=1,
+        output_dir=out_dir, max_steps=total_steps(args), per_device_train_batch_size=rows, gradient_accumulation_steps=1,
         steps_per_generation=1, num_iterations=1, num_generations=args.group, max_completion_length=args.max_new_tokens,
         temperature=1.0, top_p=1.0, top_k=0, beta=args.beta, epsilon=args.epsilon, epsilon_high=args.epsilon,
         loss_type="bnpo", scale_rewards="group", mask_truncated_completions=False, learning_rate=args.lr,
@@ -357,7 +357,7 @@ def distill_args(args, out_dir: str):
 
     rows = args.prompts * args.group
     return DistillationConfig(
-        output_dir=out_dir, max_steps=args.steps + 1, per_device_train_batch_size=rows, gradient_accumulation_steps=1,
+        output_dir=out_dir, max_steps=total_steps(args), per_device_train_batch_size=rows, gradient_accumulation_steps=1,
         max_completion_length=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, beta=1.0,
         learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, adam_beta1=0.9,
         adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0, shuffle_dataset=False, gradient_checkpointing=False,
@@ -601,9 +601,16 @@ def objective_report(ours: dict, trl: dict, peer: str = "trl") -> dict:
     return out
 
 
+def total_steps(args) -> int:
+    """The steps each side takes: one untimed, then --steps rounds of --steps_per_turn."""
+    return args.steps * getattr(args, "steps_per_turn", 1) + 1
+
+
 def side_summary(steps: list[dict], setup_s: float, rss: int, rows: int) -> dict:
-    """Means over the timed steps (round 0 left out) and the rates."""
-    timed = steps[1:]
+    """Means over the timed steps (round 0 left out; with --steps_per_turn > 1 each turn's
+    first step too, reported apart as turn_first_step_s) and the rates."""
+    timed = [s for s in steps[1:] if not s.get("turn_first")]
+    firsts = [s["step_s"] for s in steps[1:] if s.get("turn_first")]
     mean = lambda k: float(np.mean([s[k] for s in timed]))
     tokens = mean("response_tokens")
     out = {"setup_s": round(setup_s, 2), "first_step_s": round(steps[0]["step_s"], 3),
@@ -614,6 +621,8 @@ def side_summary(steps: list[dict], setup_s: float, rss: int, rows: int) -> dict
            "peak_rss_gib": round(rss / 2 ** 30, 3)}
     for k in ("reward_mean", "reward_group_std", "kl", "loss", "grad_norm"):
         out[k] = round(mean(k), 5)
+    if firsts:
+        out.update(turn_first_step_s=round(float(np.mean(firsts)), 4), turn_first_each=[round(x, 3) for x in firsts])
     return out
 
 
@@ -625,19 +634,25 @@ def recv(conn, proc):
     return conn.recv()
 
 
-def interleaved_steps(ask, names: list[str], timed: int) -> dict[str, list[dict]]:
-    """One untimed and ``timed`` timed steps per side, round by round, the order reversed
-    every other round: {side: [its step results]} (``ask(side, "step")``)."""
+def interleaved_steps(ask, names: list[str], timed: int, per_turn: int = 1) -> dict[str, list[dict]]:
+    """One untimed step per side, then ``timed`` rounds of ``per_turn`` consecutive steps per
+    side, the order reversed every other round: {side: [its step results]} (``ask(side,
+    "step")``); with per_turn > 1 each turn's first step is marked ``turn_first`` (a side's step
+    after the other side ran: on a VM that takes back the memory a process freed, the first
+    step after a pause pays to fault it in again; docs/benchmarks.md)."""
     steps = {name: [] for name in names}
     for r in range(timed + 1):
         for name in (names if r % 2 == 0 else names[::-1]):
-            steps[name].append(ask(name, "step"))
+            for k in range(per_turn if r else 1):
+                out = ask(name, "step")
+                out["turn_first"] = bool(r and k == 0 and per_turn > 1)
+                steps[name].append(out)
     return steps
 
 
 def run_sides(args, workdir: str, model_dir: str) -> dict:
     """Both sides in their own processes, stepped round by round (which goes first alternates)."""
-    batches = draw_batches(args, workdir, model_dir, args.steps + 1)
+    batches = draw_batches(args, workdir, model_dir, total_steps(args))
     rows = trl_rows(batches, model_dir)
     ctx = multiprocessing.get_context("spawn")
     conns, procs, setup = {}, {}, {}
@@ -652,7 +667,7 @@ def run_sides(args, workdir: str, model_dir: str) -> dict:
             setup[name] = recv(parent, procs[name])          # one side builds at a time
         ours_check = ask("guilibra_jax", "check")
         objective = objective_report(ours_check, ask("trl", ours_check))
-        steps = interleaved_steps(ask, list(conns), args.steps)
+        steps = interleaved_steps(ask, list(conns), args.steps, args.steps_per_turn)
         rss = {name: ask(name, "stop")["peak_rss_bytes"] for name in conns}
     finally:
         for proc in procs.values():
@@ -688,7 +703,8 @@ def distill_row(args, params: int, res: dict) -> dict:
     return {"benchmark": "trainers", "pair": "distill", "size": args.size, "params": params,
             "teacher": f"random tiny Qwen2.5-VL, the same shapes, init seed {args.seed + 1}", "prompts": args.prompts,
             "group": args.group, "rows": args.prompts * args.group, "max_new_tokens": args.max_new_tokens,
-            "steps_timed": args.steps, "lr": args.lr, "dtype": "float32", "updates_per_step": 1,
+            "steps_timed": args.steps, "steps_per_turn": args.steps_per_turn, "lr": args.lr, "dtype": "float32",
+            "updates_per_step": 1,
             "objective_settings": {
                 "ours": "method=mopd, rl.teachers.*=<teacher folder>, rl.mopd.estimator=full_kl, rl.mopd.beta=1, "
                         "rl.mopd.task_reward=False (advantages 0: the clipped surrogate is 0, its gradient 0), "
@@ -707,7 +723,10 @@ def add_step_args(ap, group_help: str = "G responses per prompt") -> None:
     ap.add_argument("--prompts", type=int, default=2, help="prompts per step")
     ap.add_argument("--group", type=int, default=4, help=group_help)
     ap.add_argument("--max_new_tokens", type=int, default=32, help="response length limit")
-    ap.add_argument("--steps", type=int, default=3, help="timed steps per side (after one untimed warm-up step)")
+    ap.add_argument("--steps", type=int, default=3, help="timed rounds per side (after one untimed warm-up step)")
+    ap.add_argument("--steps_per_turn", type=int, default=1,
+                    help="consecutive steps per side per round; > 1: the means leave each turn's first out "
+                         "(reported as turn_first_step_s)")
     ap.add_argument("--beta", type=float, default=0.1, help="KL coefficient (grpo_demo's rl.kl_beta)")
     ap.add_argument("--epsilon", type=float, default=0.2, help="PPO clip, both ways")
     ap.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate, constant")
@@ -726,6 +745,8 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if args.steps < 1:
         raise SystemExit("--steps must be >= 1 (timed steps after the warm-up step)")
+    if args.steps_per_turn < 1:
+        raise SystemExit("--steps_per_turn must be >= 1")
     start = C.run_start()
     with tempfile.TemporaryDirectory() as tmp:
         workdir, model_dir = os.path.join(tmp, "run"), os.path.join(tmp, "model")
@@ -739,7 +760,8 @@ def main(argv=None) -> dict:
         return C.report("trainers", f"trainers-distill-{args.size}", distill_row(args, params, res), args, start)
     row = {"benchmark": "trainers", "size": args.size, "params": params, "prompts": args.prompts,
            "group": args.group, "rows": args.prompts * args.group, "max_new_tokens": args.max_new_tokens,
-           "steps_timed": args.steps, "beta": args.beta, "epsilon": args.epsilon, "lr": args.lr, "dtype": "float32",
+           "steps_timed": args.steps, "steps_per_turn": args.steps_per_turn, "beta": args.beta, "epsilon": args.epsilon,
+           "lr": args.lr, "dtype": "float32",
            "updates_per_step": 1, "reward": "tokens: (first response token id mod 3) / 2",
            "objective_settings": {"ours": "rl.aggregation=token_mean, rl.kl_kind=k3, rl.kl_clamp=0, "
                                           "rl.sngs.enabled=False, rl.std_unbiased=True, rl.old_logprobs=auto",

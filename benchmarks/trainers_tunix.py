@@ -575,7 +575,7 @@ def run_sides(args, workdir: str, model_dir: str, text_dir: str, tunix_venv: str
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     mc = read_config(model_dir)
     pad_id, stop = RS.special_ids(tokenizer, mc)
-    batches = [text_only(b, mc, pad_id, tokenizer) for b in T.draw_batches(args, workdir, model_dir, args.steps + 1)]
+    batches = [text_only(b, mc, pad_id, tokenizer) for b in T.draw_batches(args, workdir, model_dir, T.total_steps(args))]
     widths = {b["prompt_ids"].shape[1] for b in batches}
     if len(widths) != 1:
         raise SystemExit(f"prompt batches of several widths {sorted(widths)}: tunix's max_prompt_length is one")
@@ -603,7 +603,7 @@ def run_sides(args, workdir: str, model_dir: str, text_dir: str, tunix_venv: str
         path = npz_inputs(ours_check, os.path.join(workdir, "objective.npz"), prompt_slots)
         objective = T.objective_report(ours_check, ask("tunix", path), peer="tunix")
         objective["rollout_key"] = ours_check["rollout_key"]
-        steps = T.interleaved_steps(ask, list(conns), args.steps)
+        steps = T.interleaved_steps(ask, list(conns), args.steps, args.steps_per_turn)
         rss = {name: ask(name, "stop")["peak_rss_bytes"] for name in conns}
     except BaseException:
         if "tunix" in procs:

@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 def test_trainers_benchmark_runs_both_sides_and_the_objectives_agree(tmp_path):
     from benchmarks import trainers
 
-    res = trainers.main(["--steps=1", "--max_new_tokens=4", f"--out_dir={tmp_path}"])
+    res = trainers.main(["--steps=1", "--steps_per_turn=2", "--max_new_tokens=4", f"--out_dir={tmp_path}"])
     files = list(tmp_path.glob("trainers-tiny-*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["benchmark"] == "trainers"
     assert res["versions"]["jax"] and res["versions"]["torch"] and res["trl_versions"]["trl"] == "1.16.0"
@@ -22,11 +22,12 @@ def test_trainers_benchmark_runs_both_sides_and_the_objectives_agree(tmp_path):
     assert obj["ours"]["kl"] > 0.01 and obj["response_tokens"] > 0      # the KL term is on
     for name in ("guilibra_jax", "trl"):
         side = res["sides"][name]
-        assert len(side["step_s_each"]) == 1 and side["step_s"] > 0, side
+        # one round of two steps per side: the turn's first reported apart, the second timed
+        assert len(side["step_s_each"]) == 1 and len(side["turn_first_each"]) == 1 and side["step_s"] > 0, side
         assert all(side[k] >= 0 for k in trainers.PHASES) and side["response_tokens_per_s"] > 0
         assert side["peak_rss_bytes"] > 0
     assert set(res["trl_over_ours"]) == {"step_s", *trainers.PHASES}
-    assert [len(res["per_round"][name]) for name in ("guilibra_jax", "trl")] == [2, 2]   # warm-up + 1
+    assert [len(res["per_round"][name]) for name in ("guilibra_jax", "trl")] == [3, 3]   # warm-up + 2
 
 
 def test_trainers_distill_pair_runs_both_sides_and_the_reverse_kls_agree(tmp_path):
