@@ -3,6 +3,7 @@ end, writes its results JSON (machine, versions, commit, load) and checks what i
 (loss / gradient-norm parity with transformers, greedy token agreement, the GPU check's phases)."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -188,6 +189,33 @@ def test_op_profile_keys_ops_by_module_and_splits_them_by_the_phase_that_started
     assert split["scoring"] == []
 
 
+def test_op_profile_reads_every_dumped_module_and_names_a_module_dumped_twice_differently(tmp_path):
+    """dumped_ops over XLA's own optimized text written as --xla_dump_to names it: ops keyed
+    "<module>/<op>" with their FLOPs; a module name dumped twice with other text is ambiguous."""
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks import op_profile as P
+
+    def dump(i, fn, *args):
+        text = jax.jit(fn).lower(*args).compile().as_text()
+        name = re.search(r"^HloModule ([\w.\-]+)", text, re.M).group(1)
+        (tmp_path / f"module_{i:04d}.{name}.cpu_after_optimizations.txt").write_text(text)
+        (tmp_path / f"module_{i:04d}.{name}.cpu_after_optimizations-buffer-assignment.txt").write_text("x")
+        return name
+
+    def matmul(a, b):
+        return a @ b
+
+    name = dump(1, matmul, jnp.ones((8, 16)), jnp.ones((16, 4)))
+    ops, ambiguous = P.dumped_ops(str(tmp_path))
+    [key] = [k for k, op in ops.items() if op["flops"]]
+    assert key.startswith(f"{name}/") and ops[key]["flops"] == 2 * 8 * 4 * 16 and ambiguous == []
+    dump(2, matmul, jnp.ones((8, 32)), jnp.ones((32, 4)))      # the same name, other shapes
+    assert P.dumped_ops(str(tmp_path))[1] == [name]
+
+
+@pytest.mark.slow   # ~30 s; the dump reader and the phase split are covered by the two tests above
 def test_op_profile_of_an_rl_step_joins_every_executable_with_its_trace(tmp_path):
     """--step=grpo end to end on the tiny model (its own process: the trace and dump flags must
     precede JAX): each phase's ops found in the dumped HLO, dots with FLOPs in generation and
