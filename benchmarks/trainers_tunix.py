@@ -663,6 +663,7 @@ def main(argv=None) -> dict:
     row = {"benchmark": "trainers_tunix", "pair": "grpo", "size": args.size, "params": params,
            "text_params": text_params, "prompts": args.prompts, "group": args.group,
            "rows": args.prompts * args.group, "max_new_tokens": args.max_new_tokens, "steps_timed": args.steps,
+           "steps_per_turn": args.steps_per_turn,
            "beta": args.beta, "epsilon": args.epsilon, "lr": args.lr, "dtype": "float32", "updates_per_step": 1,
            "reward": "tokens: (first response token id mod 3) / 2",
            "objective_settings": {
