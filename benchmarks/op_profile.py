@@ -29,7 +29,8 @@ folder and prompt batches; --size / --prompts / --group / --max_new_tokens as th
 executable it runs (XLA's optimized HLO dumped to a temporary folder, ops keyed by module) and
 the ops split by phase (generation, scoring, update: the step's trace annotations; an op goes to
 the phase that started last before it). Untraced phase times (medians of --steps steps, before
-tracing) are reported beside the traced ones: the trace's own cost is their difference.
+tracing) are reported beside the traced ones: their difference is the trace's own cost, or the
+batches' (each step plays the next prompt batch, and a batch of long prompts runs a larger bucket).
   python -m benchmarks.op_profile --step=distill --size=bench35m --prompts=4 --group=8 --steps=2
 Writes benchmarks/results/op_profile-<model>-<dtype>-<machine>.json, or
 op_profile-<step>-<size>-<machine>.json (see --out_dir).
