@@ -568,7 +568,8 @@ def main(argv=None) -> dict:
             res[s]["nominal_peak_flops"] = nominal
             res[s]["mfu_vs_nominal"] = round(fl["model_flops"] / (step_s * nominal * ndev), 4)
     result = {"benchmark": "train_step", "model": args.model, "dtype": args.dtype, "batch": stats,
-              "image": args.image, "rounds": args.steps, "steps_per_turn": args.steps_per_turn, "asft": ASFT, "optim": OPTIM, "params": groups, **fl,
+              "image": args.image, "rounds": args.steps, "steps_per_turn": args.steps_per_turn, "asft": ASFT,
+              "optim": OPTIM, "params": groups, **fl,
               "measured_peak_flops": peak, "timing": "interleaved rounds (rotating order); each step from the host "
               "batch to the finished update: host preparation (positions, vision metadata) timed on both sides",
               "sides": res,
