@@ -152,6 +152,24 @@ def launcher_malloc() -> None:
     distributed.reexec_with_hugepages()
 
 
+def interleaved_steps(step, sides: list[str], timed: int, per_turn: int = 1,
+                      on_round=None) -> dict[str, list[tuple[int, bool, object]]]:
+    """One untimed step per side (round 0), then ``timed`` rounds of ``per_turn`` consecutive
+    steps per side, the order rotating every round (two sides: reversed every other round).
+    Returns {side: [(round, turn_first, step(side)) ...]}; ``turn_first`` marks each timed
+    turn's first step when per_turn > 1 (a side's step after the others ran: on a VM that takes
+    back the memory a process freed, it pays to fault it in again; docs/benchmarks.md).
+    ``on_round(r, rows)`` is called after each round."""
+    rows = {s: [] for s in sides}
+    for r in range(timed + 1):
+        for s in sides[r % len(sides):] + sides[:r % len(sides)]:
+            for k in range(per_turn if r else 1):
+                rows[s].append((r, bool(r and k == 0 and per_turn > 1), step(s)))
+        if on_round is not None:
+            on_round(r, rows)
+    return rows
+
+
 def write_result(name: str, result: dict, out_dir: str | None, loaded: bool | None, start: dict,
                  machine: dict | None = None) -> str | None:
     """Add machine (``machine_info()`` unless given), versions, ``start`` (run_start()), the

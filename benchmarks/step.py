@@ -507,7 +507,7 @@ def main(argv=None) -> dict:
     print(f"[step] {args.model} {args.dtype} batch {stats['rows']} x {stats['seq']}, loss positions "
           f"{stats['loss_positions']} ({stats['loss_fraction']:.0%} of tokens), sides {sides}", flush=True)
 
-    remotes, hist = {}, {s: {"losses": [], "grad_norms": [], "times": [], "turn_first": []} for s in sides}
+    remotes = {}
     with tempfile.TemporaryDirectory() as d:
         try:
             remotes["jax"] = Remote("jax", args, config, raw, d if args.torch else None)
@@ -516,27 +516,19 @@ def main(argv=None) -> dict:
                 remotes[s] = Remote(s, args, config, raw, d, xla_flags=args.variants.get(s, ""))
             for s in sides[1:]:
                 remotes[s].call()
-            first = {}
-            for r in range(args.steps + 1):
-                order = sides[r % len(sides):] + sides[:r % len(sides)]
-                for s in order:
-                    for k in range(args.steps_per_turn if r else 1):
-                        dt, loss, gnorm = remotes[s].call("step")
-                        hist[s]["losses"].append(loss)
-                        hist[s]["grad_norms"].append(gnorm)
-                        if r == 0:
-                            first[s] = dt
-                        elif k == 0 and args.steps_per_turn > 1:
-                            hist[s]["turn_first"].append(dt)
-                        else:
-                            hist[s]["times"].append(dt)
-                print(f"[step] round {r}: " + ", ".join(f"{s} {hist[s]['times'][-1] if r else first[s]:.3f}s"
-                                                         for s in sides), flush=True)
+            show = lambda r, rows: print(f"[step] round {r}: " + ", ".join(
+                f"{s} {rows[s][-1][2][0]:.3f}s" for s in sides), flush=True)
+            rows = C.interleaved_steps(lambda s: remotes[s].call("step"), sides, args.steps,
+                                       args.steps_per_turn, on_round=show)
             summaries = {s: remotes[s].call("summary") for s in sides}
         finally:
             for rem in remotes.values():
                 rem.close()
 
+    first = {s: rows[s][0][2][0] for s in sides}
+    hist = {s: {"losses": [out[1] for _, _, out in rows[s]], "grad_norms": [out[2] for _, _, out in rows[s]],
+                "times": [out[0] for r, tf, out in rows[s] if r and not tf],
+                "turn_first": [out[0] for r, tf, out in rows[s] if tf]} for s in sides}
     # The driver never initialises an accelerator (a GPU backend would preallocate its memory): the JAX
     # side reports the machine, the parameter counts and the measured peak.
     machine = summaries["jax"].pop("machine")

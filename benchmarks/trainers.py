@@ -635,19 +635,11 @@ def recv(conn, proc):
 
 
 def interleaved_steps(ask, names: list[str], timed: int, per_turn: int = 1) -> dict[str, list[dict]]:
-    """One untimed step per side, then ``timed`` rounds of ``per_turn`` consecutive steps per
-    side, the order reversed every other round: {side: [its step results]} (``ask(side,
-    "step")``); with per_turn > 1 each turn's first step is marked ``turn_first`` (a side's step
-    after the other side ran: on a VM that takes back the memory a process freed, the first
-    step after a pause pays to fault it in again; docs/benchmarks.md)."""
-    steps = {name: [] for name in names}
-    for r in range(timed + 1):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            for k in range(per_turn if r else 1):
-                out = ask(name, "step")
-                out["turn_first"] = bool(r and k == 0 and per_turn > 1)
-                steps[name].append(out)
-    return steps
+    """{side: [its step results]} from ``_common.interleaved_steps`` (``ask(side, "step")``), each
+    marked ``turn_first``; the first is round 0's untimed step."""
+    from benchmarks import _common as C      # (imports JAX: not at module level)
+    rows = C.interleaved_steps(lambda name: ask(name, "step"), names, timed, per_turn)
+    return {name: [dict(out, turn_first=first) for _, first, out in rs] for name, rs in rows.items()}
 
 
 def run_sides(args, workdir: str, model_dir: str) -> dict:
