@@ -136,6 +136,30 @@ def test_nominal_peaks_match_device_kinds():
     assert nominal_peak("cpu") is None
 
 
+def test_interleaved_steps_rotate_the_order_and_mark_each_turns_first_step():
+    from benchmarks._common import interleaved_steps
+
+    calls, rounds = [], []
+    step = lambda s: (calls.append(s), len(calls))[1]
+    rows = interleaved_steps(step, ["a", "b", "c"], timed=2, per_turn=2, on_round=lambda r, rows: rounds.append(r))
+    assert calls == ["a", "b", "c"] + ["b", "b", "c", "c", "a", "a"] + ["c", "c", "a", "a", "b", "b"]
+    assert rounds == [0, 1, 2]
+    assert rows["a"] == [(0, False, 1), (1, True, 8), (1, False, 9), (2, True, 12), (2, False, 13)]
+    two = interleaved_steps(lambda s: s, ["x", "y"], timed=2, per_turn=1)   # two sides: reversed every other round
+    assert [f for _, f, _ in two["x"]] == [False] * 3
+
+
+def test_optimizer_update_benchmark_ends_both_sides_on_the_same_parameters(tmp_path):
+    from benchmarks import optimizer_update
+
+    res = optimizer_update.main(["--model=tiny", "--rounds=1", "--per_turn=2", f"--out_dir={tmp_path}"])
+    assert res["params_max_abs_diff"] < 1e-6 and res["params"] > 0
+    for side in res["sides"].values():
+        assert len(side["update_times_s"]) == 1 and side["turn_first_s"] > 0
+    assert res["optax_select_over_step_core"] > 0
+    _provenance(json.loads((tmp_path / "optimizer_update-tiny-" f"{res['machine']['slug']}.json").read_text()))
+
+
 @pytest.mark.slow
 def test_step_benchmark_with_torch_compile(tmp_path):
     """The torch.compile side (minutes of compilation on a CPU; the eager smoke test covers the rest)."""

@@ -33,6 +33,7 @@ def make_step(micro_terms: MicroTerms, tx: optax.GradientTransformation, sums0: 
     update_ok (and lr). ``frozen``: arrays passed on to ``micro_terms(params, micro,
     *frozen)`` and not differentiated (LoRA's base weights: a jit argument, not state)."""
     grad_fn = jax.value_and_grad(micro_terms, has_aux=True)
+    tx = optax.with_extra_args_support(tx)
 
     def step(state: dict, batch: dict, *frozen):
         params = state["params"]
@@ -48,14 +49,22 @@ def make_step(micro_terms: MicroTerms, tx: optax.GradientTransformation, sums0: 
         (g_sum, num, den, sums), _ = jax.lax.scan(body, init, batch)
         safe_den = jnp.maximum(den, 1e-9)
         loss = num / safe_den
-        grads = jax.tree.map(lambda g: g / safe_den, g_sum)
-        grad_norm = optax.global_norm(grads)
+        grads = lambda: jax.tree.map(lambda g: g / safe_den, g_sum)
+        grad_norm = optax.tree.norm(grads())
         ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        updates, new_opt = tx.update(grads, state["opt_state"], params)
-        new_params = optax.apply_updates(params, updates)
-        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
-        new_state = {"step": state["step"] + 1, "params": keep(new_params, params),
-                     "opt_state": keep(new_opt, state["opt_state"]),
+
+        # A guard by lax.cond, not by selecting between new and old values, with the gradients
+        # divided inside it and the clip given the norm above (optimizer.clip_by_global_norm): XLA
+        # then updates each parameter and its moments in place with no materialised gradient
+        # copy and no copies of the old moments (benchmarks.optimizer_update: the update alone
+        # against the select-guarded optax update, docs/benchmarks.md).
+        def update(carry):
+            params, opt_state = carry
+            updates, new_opt = tx.update(grads(), opt_state, params, grad_norm=grad_norm)
+            return optax.apply_updates(params, updates), new_opt
+
+        new_params, new_opt = jax.lax.cond(ok, update, lambda carry: carry, (params, state["opt_state"]))
+        new_state = {"step": state["step"] + 1, "params": new_params, "opt_state": new_opt,
                      "skipped": state["skipped"] + (~ok).astype(jnp.int32)}
         metrics = {"loss": loss, "grad_norm": grad_norm, "skipped": new_state["skipped"],
                    "update_ok": ok.astype(jnp.float32)}

@@ -117,3 +117,40 @@ def test_weight_decay_skips_biases_and_norms_of_any_rank():
         want = -0.1 * 0.5 * p if leaf in ("kernel", "embedding") else jnp.zeros_like(p)
         assert jnp.allclose(u, want, atol=1e-7), path
     assert ("bias", 2) in seen and ("bias", 3) in seen and ("scale", 1) in seen
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 100.0])   # clipping, and not
+def test_clip_given_the_norm_equals_optax_clip_and_the_guarded_step_equals_optax(max_norm):
+    """optimizer.clip_by_global_norm (the norm passed in by the step, or not) gives optax's
+    clip_by_global_norm bit for bit, and one make_step update (lax.cond guard, gradients
+    divided inside it) equals AdamW applied by optax's own chain to the mean gradient."""
+    rng = np.random.default_rng(0)
+    params = {"a": {"kernel": jnp.asarray(rng.standard_normal((8, 6)), jnp.float32)},
+              "b": {"bias": jnp.asarray(rng.standard_normal((6,)), jnp.float32)}}
+    grads = jax.tree.map(lambda p: p * 3.0 + 1.0, params)
+    want, _ = optax.clip_by_global_norm(max_norm).update(grads, optax.EmptyState())
+    ours = optimizer.clip_by_global_norm(max_norm)
+    for kw in ({}, {"grad_norm": optax.tree.norm(grads)}):
+        got, _ = ours.update(grads, ours.init(params), **kw)
+        assert all(np.array_equal(g, w) for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+
+    tx, _ = optimizer.make_optimizer(params, lr=1e-2, total_steps=10, schedule="constant", weight_decay=0.1,
+                                     clip_norm=max_norm)
+    ref = optax.chain(optax.clip_by_global_norm(max_norm),
+                      optax.adamw(1e-2, weight_decay=0.1, mask={"a": {"kernel": True}, "b": {"bias": False}}))
+    x = jnp.asarray(rng.standard_normal((2, 3, 8)), jnp.float32)    # 2 micro-batches of 3 rows
+
+    def micro_terms(p, micro):
+        y = jnp.tanh(micro @ p["a"]["kernel"] + p["b"]["bias"])
+        return jnp.sum(y ** 2), (jnp.float32(micro.shape[0]), {})
+
+    state = step_core.init_state(params, tx)
+    new, metrics, _ = jax.jit(step_core.make_step(micro_terms, tx, {}))(state, x)
+    mean_loss = lambda p: sum(micro_terms(p, m)[0] for m in x) / 6.0
+    g = jax.grad(mean_loss)(params)
+    updates, _ = ref.update(g, ref.init(params), params)
+    expect = optax.apply_updates(params, updates)
+    assert float(metrics["update_ok"]) == 1.0
+    np.testing.assert_allclose(float(metrics["grad_norm"]), float(optax.tree.norm(g)), rtol=1e-6)
+    for got, w in zip(jax.tree.leaves(new["params"]), jax.tree.leaves(expect)):
+        np.testing.assert_allclose(got, w, rtol=1e-6, atol=1e-7)
