@@ -4,15 +4,16 @@ written the usual optax way: which formulation XLA runs faster.
     python -m benchmarks.optimizer_update                    # bench100m's parameters, 4 rounds
     python -m benchmarks.optimizer_update --model=tiny --rounds=1 --out_dir=   # smoke
 
-Both sides run ``step_core.make_step`` on the model's parameters with the recipe optimizer
-(``optimizer.make_optimizer``: AdamW, weight decay, global-norm clip 1.0), donated state, a
-micro-batch whose gradient is the batch itself (so the step is the update and nothing else):
-  step_core       the trainers' step: a ``lax.cond`` guard, gradients divided inside it, the
-                  clip given the norm the step computed (``optimizer.clip_by_global_norm``)
-  optax_select    the same step written as optax's examples write it (and as make_step was
-                  written until the commit that added this benchmark): the divided gradients, optax's
-                  own ``clip_by_global_norm`` (a second norm inside), new and old state chosen
-                  by ``jnp.where`` on every leaf
+Both sides update the model's parameters with the recipe optimizer (``optimizer.make_optimizer``:
+AdamW, weight decay, global-norm clip 1.0) on donated state, from one micro-batch whose gradient
+is the batch itself (the backward is one elementwise op, so a step is the update):
+  step_core       the trainers' step, ``step_core.make_step`` (its micro-batch scan included):
+                  a ``lax.cond`` guard, the gradients divided inside it, the clip given the
+                  norm the step computed (``optimizer.clip_by_global_norm``)
+  optax_select    the update as optax's examples write it, and as make_step wrote it until the
+                  commit that added this benchmark (no scan): the divided gradients, optax's own
+                  ``clip_by_global_norm`` (a second norm inside), new or old state chosen by
+                  ``jnp.where`` on every leaf
 The sides alternate round by round in one process, --per_turn back-to-back updates per turn (the
 first of each turn reported apart); they must end on the same parameters (max abs difference
 recorded). Writes benchmarks/results/optimizer_update-<model>-<machine>.json.
