@@ -9,6 +9,7 @@ import platform
 import re
 import subprocess
 import time
+from typing import Any, NamedTuple
 
 import numpy as np
 from flax import nnx
@@ -152,11 +153,19 @@ def launcher_malloc() -> None:
     distributed.reexec_with_hugepages()
 
 
+class TimedStep(NamedTuple):
+    """One step of :func:`interleaved_steps`: its round (0: untimed), whether it is its turn's
+    first, and what the side's step returned."""
+    round: int
+    turn_first: bool
+    out: Any
+
+
 def interleaved_steps(step, sides: list[str], timed: int, per_turn: int = 1,
-                      on_round=None) -> dict[str, list[tuple[int, bool, object]]]:
+                      on_round=None) -> dict[str, list[TimedStep]]:
     """One untimed step per side (round 0), then ``timed`` rounds of ``per_turn`` consecutive
     steps per side, the order rotating every round (two sides: reversed every other round).
-    Returns {side: [(round, turn_first, step(side)) ...]}; ``turn_first`` marks each timed
+    Returns {side: [TimedStep(round, turn_first, step(side)) ...]}; ``turn_first`` marks each timed
     turn's first step when per_turn > 1 (a side's step after the others ran: on a VM that takes
     back the memory a process freed, it pays to fault it in again; docs/benchmarks.md).
     ``on_round(r, rows)`` is called after each round."""
@@ -164,7 +173,7 @@ def interleaved_steps(step, sides: list[str], timed: int, per_turn: int = 1,
     for r in range(timed + 1):
         for s in sides[r % len(sides):] + sides[:r % len(sides)]:
             for k in range(per_turn if r else 1):
-                rows[s].append((r, bool(r and k == 0 and per_turn > 1), step(s)))
+                rows[s].append(TimedStep(r, bool(r and k == 0 and per_turn > 1), step(s)))
         if on_round is not None:
             on_round(r, rows)
     return rows

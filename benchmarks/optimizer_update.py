@@ -99,10 +99,10 @@ def main(argv=None) -> dict:
                zip(jax.tree.leaves(states["step_core"]["params"]), jax.tree.leaves(states["optax_select"]["params"])))
     sides = {}
     for name, rs in rows.items():
-        timed = [t for r, first, t in rs if r and not first]
-        firsts = [t for r, first, t in rs if first]
+        timed = [x.out for x in rs if x.round and not x.turn_first]
+        firsts = [x.out for x in rs if x.turn_first]
         sides[name] = {"update_s": round(float(np.median(timed)), 4), "update_times_s": [round(t, 4) for t in timed],
-                       "first_s": round(rs[0][2], 3),
+                       "first_s": round(rs[0].out, 3),
                        **({"turn_first_s": round(float(np.median(firsts)), 4)} if firsts else {})}
     ratio = round(sides["optax_select"]["update_s"] / sides["step_core"]["update_s"], 3)
     bytes_min = 7 * 4 * n_params      # read grad, param, mu, nu; write param, mu, nu (float32)

@@ -517,7 +517,7 @@ def main(argv=None) -> dict:
             for s in sides[1:]:
                 remotes[s].call()
             show = lambda r, rows: print(f"[step] round {r}: " + ", ".join(
-                f"{s} {rows[s][-1][2][0]:.3f}s" for s in sides), flush=True)
+                f"{s} {rows[s][-1].out[0]:.3f}s" for s in sides), flush=True)
             rows = C.interleaved_steps(lambda s: remotes[s].call("step"), sides, args.steps,
                                        args.steps_per_turn, on_round=show)
             summaries = {s: remotes[s].call("summary") for s in sides}
@@ -525,10 +525,10 @@ def main(argv=None) -> dict:
             for rem in remotes.values():
                 rem.close()
 
-    first = {s: rows[s][0][2][0] for s in sides}
-    hist = {s: {"losses": [out[1] for _, _, out in rows[s]], "grad_norms": [out[2] for _, _, out in rows[s]],
-                "times": [out[0] for r, tf, out in rows[s] if r and not tf],
-                "turn_first": [out[0] for r, tf, out in rows[s] if tf]} for s in sides}
+    first = {s: rows[s][0].out[0] for s in sides}      # each out: (seconds, loss, grad norm)
+    hist = {s: {"losses": [x.out[1] for x in rows[s]], "grad_norms": [x.out[2] for x in rows[s]],
+                "times": [x.out[0] for x in rows[s] if x.round and not x.turn_first],
+                "turn_first": [x.out[0] for x in rows[s] if x.turn_first]} for s in sides}
     # The driver never initialises an accelerator (a GPU backend would preallocate its memory): the JAX
     # side reports the machine, the parameter counts and the measured peak.
     machine = summaries["jax"].pop("machine")

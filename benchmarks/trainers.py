@@ -639,7 +639,7 @@ def interleaved_steps(ask, names: list[str], timed: int, per_turn: int = 1) -> d
     marked ``turn_first``; the first is round 0's untimed step."""
     from benchmarks import _common as C      # (imports JAX: not at module level)
     rows = C.interleaved_steps(lambda name: ask(name, "step"), names, timed, per_turn)
-    return {name: [dict(out, turn_first=first) for _, first, out in rs] for name, rs in rows.items()}
+    return {name: [dict(x.out, turn_first=x.turn_first) for x in rs] for name, rs in rows.items()}
 
 
 def run_sides(args, workdir: str, model_dir: str) -> dict:
