@@ -149,6 +149,7 @@ def test_interleaved_steps_rotate_the_order_and_mark_each_turns_first_step():
     assert [f for _, f, _ in two["x"]] == [False] * 3
 
 
+@pytest.mark.slow   # ~10 s; the update's math: tests/train/test_sft_step.py, the interleaving: the test above
 def test_optimizer_update_benchmark_ends_both_sides_on_the_same_parameters(tmp_path):
     from benchmarks import optimizer_update
 
