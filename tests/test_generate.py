@@ -163,6 +163,31 @@ def test_greedy_without_logprobs_gives_the_same_tokens():
     assert not bare.logprobs.any() and out.logprobs.all()
 
 
+@pytest.mark.parametrize("temperature,top_p,top_k", [(0.0, 1.0, 0), (1.0, 1.0, 0), (0.8, 0.9, 40)])
+def test_both_logit_layouts_generate_the_same_tokens(temperature, top_p, top_k):
+    """SamplingConfig.vocab_major True / False: the decode head as [V, B] or [B, V] (the
+    program's logits have that shape) gives the same tokens, lengths and log-probs; the
+    default takes [V, B] on CPU up to VOCAB_MAJOR_MAX_ROWS rows."""
+    family = "qwen2_5_vl"
+    cfg, graphdef, params = tiny(family)
+    outs, shapes = {}, {}
+    for major in (True, False):
+        config = G.SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=N_NEW,
+                                  pad_token_id=0, banned_token_ids=(cfg.image_token_id,), vocab_major=major)
+        p, outs[major] = run_generate(family, config, rng=5)
+        hlo = G.lower_generate(graphdef, params, p["prompt_ids"], p["prompt_mask"], p["positions"],
+                               p["rope_deltas"], p["pixel_values"], p["vision"], jax.random.key(5), config).as_text()
+        shapes[major] = {(4, cfg.text.vocab_size), (cfg.text.vocab_size, 4)} & {
+            tuple(int(d) for d in m.split("x")) for m in re.findall(r"tensor<(\d+x\d+)xf32>", hlo)}
+    v = cfg.text.vocab_size     # (top-k / top-p filter [B, V]: the [V, B] logits transposed)
+    assert (v, 4) in shapes[True] and shapes[False] == {(4, v)}, shapes
+    np.testing.assert_array_equal(outs[True].tokens, outs[False].tokens)
+    np.testing.assert_array_equal(outs[True].lengths, outs[False].lengths)
+    np.testing.assert_allclose(outs[True].logprobs, outs[False].logprobs, atol=1e-5, rtol=0)
+    assert G.vocab_major_logits(G.SamplingConfig(), G.VOCAB_MAJOR_MAX_ROWS)
+    assert not G.vocab_major_logits(G.SamplingConfig(), G.VOCAB_MAJOR_MAX_ROWS + 1)
+
+
 def test_sampled_logprobs_follow_filtered_full_forward():
     family = "qwen2_5_vl"
     config = G.SamplingConfig(temperature=0.8, top_p=0.9, top_k=40, max_new_tokens=N_NEW, pad_token_id=0)
@@ -317,10 +342,13 @@ def test_inverse_cdf_sample_over_many_blocks():
     probs = np.array([0.1, 0, 0.2, 0, 0, 0, 0.05, 0.15, 0.1, 0.02, 0.08, 0.1, 0.05, 0.1, 0.05, 0])
     logits = np.where(probs > 0, np.log(np.maximum(probs, 1e-30)) + 1.5, -np.inf).astype(np.float32)
     batch = jnp.broadcast_to(jnp.asarray(logits), (DRAWS, len(probs)))
-    draw = jax.jit(G.inverse_cdf_sample, static_argnames="block")
+    draw = jax.jit(G.inverse_cdf_sample, static_argnames=("block", "axis"))
     tok, lp = (np.asarray(x) for x in draw(jax.random.key(3), batch, block=3))
     flat, _ = draw(jax.random.key(3), batch, block=len(probs))
     assert np.mean(np.asarray(flat) == tok) > 0.999
+    major, major_lp = draw(jax.random.key(3), batch.T, block=3, axis=0)   # vocabulary-major: the same draws
+    np.testing.assert_array_equal(np.asarray(major), tok)
+    np.testing.assert_allclose(np.asarray(major_lp), lp, atol=1e-6, rtol=0)
     counts = np.bincount(tok, minlength=len(probs))
     support = np.flatnonzero(probs > 0)
     assert set(np.flatnonzero(counts)) == set(support)
@@ -344,6 +372,7 @@ def test_blocked_argmax_is_argmax():
         assert want.tolist()[1:4] == [3, 130, 0]
         np.testing.assert_array_equal(np.asarray(jax.jit(G.blocked_argmax)(jnp.asarray(x))), want)
         np.testing.assert_array_equal(np.asarray(G.blocked_argmax(jnp.asarray(x), block=7)), want)
+        np.testing.assert_array_equal(np.asarray(G.blocked_argmax(jnp.asarray(x.T), axis=0)), want)
 
 
 def test_top_p_and_top_k_sets_exact():
@@ -360,6 +389,27 @@ def test_top_p_and_top_k_sets_exact():
             assert (kept.sum(-1) <= top_k).all()
         if top_k and top_p == 1.0:
             assert (kept.sum(-1) == top_k).all()
+
+
+def test_sample_token_draws_the_same_tokens_in_either_logit_layout():
+    """Logits [B, V] and the sampler's vocabulary-major [V, B] (axis=0), a banned token, every
+    sampling case and greedy: the same key draws the same tokens with the same log-probs."""
+    rng = np.random.default_rng(1)
+    logits = jnp.asarray(rng.normal(size=(64, 1000)).astype(np.float32) * 3)
+    logits = logits.at[:, 500].set(1e4)        # banned below: never drawn in either layout
+    banned = (500,)
+
+    @jax.jit
+    def both(logits, key):
+        rows, major = G.ban_tokens(logits, banned), G.ban_tokens(logits.T, banned, axis=0)
+        return [(G.sample_token(rows, jax.random.fold_in(key, i), *case),
+                 G.sample_token(major, jax.random.fold_in(key, i), *case, axis=0))
+                for i, case in enumerate(CASES + [(0.0, 1.0, 0)])]
+
+    for (tok, lp), (tok_t, lp_t) in both(logits, jax.random.key(0)):
+        assert not np.isin(np.asarray(tok), banned).any()
+        np.testing.assert_array_equal(np.asarray(tok_t), np.asarray(tok))
+        np.testing.assert_allclose(np.asarray(lp_t), np.asarray(lp), atol=1e-5, rtol=0)
 
 
 def test_greedy_sample_token():

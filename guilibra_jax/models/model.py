@@ -161,9 +161,15 @@ class QwenVL(nnx.Module):
       return self.language_model.embed_tokens.embedding[...].astype(self.dtype)
     return self.lm_head.kernel[...].astype(self.dtype).T
 
-  def logits_from_hidden(self, h):
+  def logits_from_hidden(self, h, vocab_major: bool = False):
     """[..., D] -> float32 logits [..., V] (the leading dims as one row dim, as layers.Linear: the
-    head's weight gradient then contracts one dim, with no transposed copy of the logits' gradient)."""
+    head's weight gradient then contracts one dim, with no transposed copy of the logits' gradient).
+    ``vocab_major`` (h [B, D] only): the logits as [V, B], the sampler's layout on CPU
+    (``generate.SamplingConfig.vocab_major``)."""
+    if vocab_major:
+      if h.ndim != 2:
+        raise ValueError(f"vocab_major logits take hidden states [B, D], got {h.shape}")
+      return jnp.einsum("vd,nd->vn", self.lm_head_weight(), h.astype(self.dtype), preferred_element_type=jnp.float32)
     rows = h.reshape(-1, h.shape[-1]).astype(self.dtype)
     logits = jnp.einsum("nd,vd->nv", rows, self.lm_head_weight(), preferred_element_type=jnp.float32)
     return logits.reshape(h.shape[:-1] + logits.shape[-1:])
@@ -174,10 +180,10 @@ class QwenVL(nnx.Module):
 
   # ------------------------------------------------------------------ generation
   def prefill(self, input_ids, positions, segment_ids, pixel_values=None, vision=None, cache_size: int = 0,
-              cache_dtype=None):
+              cache_dtype=None, vocab_major: bool = False):
     """Run a left-padded prompt [B, T] into a fresh KV cache of `cache_size` >= T slots.
 
-    Returns (logits [B, V] float32 at the last prompt position, cache).
+    Returns (logits [B, V] float32 at the last prompt position ([V, B] with vocab_major), cache).
     """
     b, t = input_ids.shape
     cache_size = cache_size or t
@@ -192,10 +198,11 @@ class QwenVL(nnx.Module):
     h, (k, v) = self.language_model(h, positions, mask, add, n_ds, cache=(cache["k"], cache["v"]),
                                     index=jnp.zeros((), jnp.int32))
     cache.update(k=k, v=v, index=jnp.asarray(t, jnp.int32))
-    return self.logits_from_hidden(h[:, -1]), cache
+    return self.logits_from_hidden(h[:, -1], vocab_major), cache
 
-  def decode_step(self, tokens, positions, cache):
-    """One token per row: tokens [B], positions [3, B] -> (logits [B, V] float32, cache)."""
+  def decode_step(self, tokens, positions, cache, vocab_major: bool = False):
+    """One token per row: tokens [B], positions [3, B] -> (logits [B, V] float32 ([V, B] with
+    vocab_major), cache)."""
     index = cache["index"]
     seg = cache["decode_segment"][:, None]
     cache = dict(cache)
@@ -204,7 +211,7 @@ class QwenVL(nnx.Module):
     mask = self._mask(seg, cache["segment_ids"], index)
     h, (k, v) = self.language_model(h, positions[:, :, None], mask, cache=(cache["k"], cache["v"]), index=index)
     cache.update(k=k, v=v, index=index + 1)
-    return self.logits_from_hidden(h[:, 0]), cache
+    return self.logits_from_hidden(h[:, 0], vocab_major), cache
 
 
 def param_count(config: ModelConfig) -> int:
