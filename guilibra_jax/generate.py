@@ -69,9 +69,9 @@ class SamplingConfig:
       are 0, and a greedy step skips the log-normaliser over the vocabulary (a sampled
       step's log-prob comes with its draw and is kept).
     vocab_major: the decode head's logits as [V, B] (the vocabulary major) rather than
-      [B, V]; the same tokens either way. None: on CPU when B <= 128 (XLA's CPU dots run
-      [V, D] x [D, B] 1.1-2.7x faster than [B, D] x [D, V] at 1-128 rows and D = 512 / 2048,
-      slower from ~160 rows: docs/benchmarks.md), else [B, V].
+      [B, V]; the same tokens either way. None: on CPU when B <= 128 (XLA's CPU dots ran
+      [V, D] x [D, B] 1.02-1.5x faster than [B, D] x [D, V] at 8-128 rows and D = 512, up to
+      2.7x at D = 2048, and slower from ~160 rows: docs/benchmarks.md), else [B, V].
     """
     temperature: float = 1.0
     top_p: float = 1.0
