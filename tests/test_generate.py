@@ -163,7 +163,8 @@ def test_greedy_without_logprobs_gives_the_same_tokens():
     assert not bare.logprobs.any() and out.logprobs.all()
 
 
-@pytest.mark.parametrize("temperature,top_p,top_k", [(0.0, 1.0, 0), (1.0, 1.0, 0), (0.8, 0.9, 40)])
+# (top-k / top-p move the vocabulary last before filtering: the sample_token test above covers them)
+@pytest.mark.parametrize("temperature,top_p,top_k", [(0.0, 1.0, 0), (1.0, 1.0, 0)])
 def test_both_logit_layouts_generate_the_same_tokens(temperature, top_p, top_k):
     """SamplingConfig.vocab_major True / False: the decode head as [V, B] or [B, V] (the
     program's logits have that shape) gives the same tokens, lengths and log-probs; the
@@ -179,8 +180,8 @@ def test_both_logit_layouts_generate_the_same_tokens(temperature, top_p, top_k):
                                p["rope_deltas"], p["pixel_values"], p["vision"], jax.random.key(5), config).as_text()
         shapes[major] = {(4, cfg.text.vocab_size), (cfg.text.vocab_size, 4)} & {
             tuple(int(d) for d in m.split("x")) for m in re.findall(r"tensor<(\d+x\d+)xf32>", hlo)}
-    v = cfg.text.vocab_size     # (top-k / top-p filter [B, V]: the [V, B] logits transposed)
-    assert (v, 4) in shapes[True] and shapes[False] == {(4, v)}, shapes
+    v = cfg.text.vocab_size
+    assert shapes == {True: {(v, 4)}, False: {(4, v)}}, shapes
     np.testing.assert_array_equal(outs[True].tokens, outs[False].tokens)
     np.testing.assert_array_equal(outs[True].lengths, outs[False].lengths)
     np.testing.assert_allclose(outs[True].logprobs, outs[False].logprobs, atol=1e-5, rtol=0)
