@@ -313,7 +313,8 @@ def _generate(graphdef, params, prompt_ids, prompt_mask, positions, rope_deltas,
                                   vision, cache_size=t + n - 1, vocab_major=vocab_major)
     first_pos = decode_positions(seg, rope_deltas)
     if copies > 1:
-        logits, cache, first_pos = share_rows(logits, cache, first_pos, copies, row_sharding, 1 - vocab_axis)
+        logits, cache, first_pos = share_rows(logits, cache, first_pos, copies, row_sharding,
+                                              logits_row_axis=1 if vocab_major else 0)
     stop = jnp.asarray(config.stop_token_ids or (-1,), jnp.int32)
 
     def emit(i, logits, tokens, logprobs, lengths, done):

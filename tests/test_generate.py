@@ -164,8 +164,8 @@ def test_greedy_without_logprobs_gives_the_same_tokens():
 
 
 # (top-k / top-p move the vocabulary last before filtering: the sample_token test above covers them)
-@pytest.mark.parametrize("temperature,top_p,top_k", [(0.0, 1.0, 0), (1.0, 1.0, 0)])
-def test_both_logit_layouts_generate_the_same_tokens(temperature, top_p, top_k):
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_both_logit_layouts_generate_the_same_tokens(temperature):
     """SamplingConfig.vocab_major True / False: the decode head as [V, B] or [B, V] (the
     program's logits have that shape) gives the same tokens, lengths and log-probs; the
     default takes [V, B] on CPU up to VOCAB_MAJOR_MAX_ROWS rows."""
@@ -173,8 +173,8 @@ def test_both_logit_layouts_generate_the_same_tokens(temperature, top_p, top_k):
     cfg, graphdef, params = tiny(family)
     outs, shapes = {}, {}
     for major in (True, False):
-        config = G.SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=N_NEW,
-                                  pad_token_id=0, banned_token_ids=(cfg.image_token_id,), vocab_major=major)
+        config = G.SamplingConfig(temperature=temperature, max_new_tokens=N_NEW, pad_token_id=0,
+                                  banned_token_ids=(cfg.image_token_id,), vocab_major=major)
         p, outs[major] = run_generate(family, config, rng=5)
         hlo = G.lower_generate(graphdef, params, p["prompt_ids"], p["prompt_mask"], p["positions"],
                                p["rope_deltas"], p["pixel_values"], p["vision"], jax.random.key(5), config).as_text()
@@ -185,7 +185,8 @@ def test_both_logit_layouts_generate_the_same_tokens(temperature, top_p, top_k):
     np.testing.assert_array_equal(outs[True].tokens, outs[False].tokens)
     np.testing.assert_array_equal(outs[True].lengths, outs[False].lengths)
     np.testing.assert_allclose(outs[True].logprobs, outs[False].logprobs, atol=1e-5, rtol=0)
-    assert G.vocab_major_logits(G.SamplingConfig(), G.VOCAB_MAJOR_MAX_ROWS)
+    on_cpu = jax.default_backend() == "cpu"
+    assert G.vocab_major_logits(G.SamplingConfig(), G.VOCAB_MAJOR_MAX_ROWS) == on_cpu
     assert not G.vocab_major_logits(G.SamplingConfig(), G.VOCAB_MAJOR_MAX_ROWS + 1)
 
 
