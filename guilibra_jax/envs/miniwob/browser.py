@@ -32,7 +32,11 @@ TASK_WIDTH, TASK_HEIGHT = 160, 210
 WINDOW_SIZE = (500, 400)          # CSS pixels (Chromium keeps the width >= 500); the task sits top-left
 EPISODE_TIME_LIMIT_S = 3600.0     # the page's own timer (MiniWoB default 10 s) would fail slow agents
 
-# Chromium switches that keep it off every network and quiet in a container.
+# Chromium switches that keep it off every network and quiet in a container. The last one makes
+# a repaint re-raster whole tiles: with partial raster, what a frame re-rasters depends on how
+# frames coalesce, so under CPU load an antialiased edge beside a repainted box (a button's
+# corner above a freshly focused input) came out one grey level off and a replayed episode did
+# not reproduce its page (7 of 48 replays under load before, 0 of 48 after).
 OFFLINE_FLAGS = (
     "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
     "--no-first-run", "--no-default-browser-check", "--disable-extensions", "--disable-sync",
@@ -42,7 +46,7 @@ OFFLINE_FLAGS = (
     "--disable-features=OptimizationHints,MediaRouter,Translate,AutofillServerCommunication,"
     "CertificateTransparencyComponentUpdater,InterestFeedContentSuggestions",
     "--host-resolver-rules=MAP * ~NOTFOUND",
-    "--hide-scrollbars", "--mute-audio", "--font-render-hinting=none",
+    "--hide-scrollbars", "--mute-audio", "--font-render-hinting=none", "--disable-partial-raster",
 )
 
 # A text caret blinks on a timer, so two screenshots of one focused input differ by when they
