@@ -29,7 +29,8 @@ def tower(family):
 
 
 def features(graphdef, state, pixels, vision):
-  merged, deepstack = nnx.merge(graphdef, state)(jnp.asarray(pixels), device_vision_inputs(vision))
+  tower_fn = jax.jit(lambda st, pix, v: nnx.merge(graphdef, st)(pix, v))
+  merged, deepstack = tower_fn(state, jnp.asarray(pixels), device_vision_inputs(vision))
   return [np.asarray(merged)] + [np.asarray(d) for d in deepstack]
 
 

@@ -85,8 +85,9 @@ def test_model_output_is_the_same_from_pixel_rows_and_from_slot_layout(family):
     b = F.fake_sft_batch(cfg, batch=2, seq_len=48, image_hw=hw, seed=3)
     model = M.QwenVL(cfg, rngs=nnx.Rngs(0))
     args = [jnp.asarray(b[k]) for k in ("input_ids", "positions", "segment_ids")]
-    rows = model(*args, jnp.asarray(b["pixel_values"]), b["vision"])
-    slots = model(*args, jnp.asarray(slot_pixels(b["pixel_values"], b["vision"]["patch_index"])), b["vision"])
+    forward = nnx.jit(lambda m, pixels, vision: m(*args, pixels, vision))
+    rows = forward(model, jnp.asarray(b["pixel_values"]), b["vision"])
+    slots = forward(model, jnp.asarray(slot_pixels(b["pixel_values"], b["vision"]["patch_index"])), b["vision"])
     np.testing.assert_array_equal(np.asarray(rows), np.asarray(slots))
 
 

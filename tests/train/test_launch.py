@@ -148,8 +148,8 @@ def test_export_loads_in_transformers_with_matching_logits(uninterrupted):
     hf = transformers.AutoModelForImageTextToText.from_pretrained(export, torch_dtype=torch.float32).eval()
     model, config = M.load_hf(export)
     batch = F.fake_sft_batch(config, batch=1, seq_len=40, image_hw=(56, 84), seed=0)
-    ours = np.asarray(model(batch["input_ids"], batch["positions"], batch["segment_ids"], batch["pixel_values"],
-                            batch["vision"]))
+    ours = np.asarray(nnx.jit(lambda m, *a: m(*a))(model, batch["input_ids"], batch["positions"],
+                                                   batch["segment_ids"], batch["pixel_values"], batch["vision"]))
     ids = torch.tensor(batch["input_ids"], dtype=torch.long)
     mm = (ids == config.image_token_id).long()
     with torch.no_grad():
@@ -208,8 +208,9 @@ def _our_last_logits(agent, batch):
     from guilibra_jax.models.vision import device_vision_inputs
     model = nnx.merge(agent.graphdef, agent.params)
     seg = (np.asarray(batch["prompt_mask"]) != 0).astype(np.int32)
-    logits, _ = model.prefill(np.asarray(batch["prompt_ids"], np.int32), np.asarray(batch["positions"], np.int32),
-                              seg, batch["pixel_values"], device_vision_inputs(batch["vision"]), cache_size=seg.shape[1])
+    prefill = nnx.jit(lambda m, *a: m.prefill(*a, cache_size=seg.shape[1]))
+    logits, _ = prefill(model, np.asarray(batch["prompt_ids"], np.int32), np.asarray(batch["positions"], np.int32),
+                        seg, batch["pixel_values"], device_vision_inputs(batch["vision"]))
     return np.asarray(logits)[0], np.asarray(batch["prompt_ids"])[0][seg[0] == 1]
 
 

@@ -628,8 +628,8 @@ def test_full_kl_in_position_chunks_is_exact_and_never_forms_whole_logits():
                             temperature=0.7, chunk_size=chunk, banned=ban)
         return sum(jnp.sum(wi * x) for wi, x in zip(w, out)), out
 
-    (v4, out4), g4 = jax.value_and_grad(lambda p: f(p, 4), has_aux=True)(params)
-    (v1, out1), g1 = jax.value_and_grad(lambda p: f(p, T), has_aux=True)(params)
+    (v4, out4), g4 = jax.jit(jax.value_and_grad(lambda p: f(p, 4), has_aux=True))(params)
+    (v1, out1), g1 = jax.jit(jax.value_and_grad(lambda p: f(p, T), has_aux=True))(params)
     lg = lambda m, x: G.ban_tokens(m.logits_from_hidden(x), ban) / 0.7
     student = nnx.merge(graphdef, params)
     lt = jnp.where((index == 1)[:, None, None], lg(teachers[1], th * 0.5), lg(teachers[0], th))
