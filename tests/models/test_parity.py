@@ -129,6 +129,9 @@ def test_bf16_logits_are_as_close_to_float32_as_transformers_bf16(loaded, bf16, 
   assert mean_ours <= BF16_MEAN_FACTOR * mean_theirs, (family, case, mean_ours, mean_theirs)
 
 
+_image_features = nnx.jit(lambda m, pixels, vision: m.image_features(pixels, vision))
+
+
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
 def test_image_features_match_transformers(loaded, family):
   hf, model, config, _ = loaded[family]
@@ -137,7 +140,7 @@ def test_image_features_match_transformers(loaded, family):
   with torch.no_grad():
     out = hf.model.get_image_features(torch.tensor(pix), torch.tensor(grid), return_dict=True)
   ref = torch.cat(out.pooler_output).numpy()
-  merged, deepstack = model.image_features(jnp.asarray(pix), prepare_vision_inputs(grid, config))
+  merged, deepstack = _image_features(model, jnp.asarray(pix), prepare_vision_inputs(grid, config))
   np.testing.assert_allclose(np.asarray(merged), ref, atol=REL_TOL * np.abs(ref).max(), rtol=0)
   if family == "qwen3_vl":
     assert len(deepstack) == len(out.deepstack_features) == 2
@@ -153,8 +156,8 @@ def test_vision_tower_isolates_images_and_padding(loaded):
   rng = np.random.default_rng(0)
   p1 = rng.standard_normal((int(np.prod(g1)), 1176)).astype(np.float32)
   p2 = rng.standard_normal((int(np.prod(g2)), 1176)).astype(np.float32)
-  alone, _ = model.image_features(jnp.asarray(p1), prepare_vision_inputs([g1], config))
+  alone, _ = _image_features(model, jnp.asarray(p1), prepare_vision_inputs([g1], config))
   both_pix = np.concatenate([p1, p2, 100 * rng.standard_normal((16, 1176)).astype(np.float32)])
-  both, _ = model.image_features(jnp.asarray(both_pix), prepare_vision_inputs([g1, g2], config,
-                                                                              num_patches=both_pix.shape[0]))
+  both, _ = _image_features(model, jnp.asarray(both_pix), prepare_vision_inputs([g1, g2], config,
+                                                                                num_patches=both_pix.shape[0]))
   np.testing.assert_allclose(np.asarray(both)[: alone.shape[0]], np.asarray(alone), atol=1e-5, rtol=0)
