@@ -146,14 +146,15 @@ def test_prefill_and_decode_with_tiles_equal_the_dense_ones(loaded, small_blocks
   ids, mask, _, _, _ = make_batch(CASES["text_batch_left_padding"], pad_to=T_BUCKET)
   positions, _ = get_rope_index(ids, mask, None, config)
   outs = []
-  for model in (dense_model, tiled):
-    logits, cache = model.prefill(jnp.asarray(ids, jnp.int32), jnp.asarray(positions), jnp.asarray(mask, jnp.int32),
-                                  cache_size=40)
+  for model in (dense_model, tiled):     # a jitted function per model (each traces its own tiles)
+    prefill = nnx.jit(lambda m, *a: m.prefill(*a, cache_size=40))
+    decode = nnx.jit(lambda m, *a: m.decode_step(*a))
+    logits, cache = prefill(model, jnp.asarray(ids, jnp.int32), jnp.asarray(positions), jnp.asarray(mask, jnp.int32))
     steps = [logits]
     pos = jnp.asarray(positions)[:, :, -1]
     for _ in range(3):
       pos = pos + 1
-      logits, cache = model.decode_step(jnp.argmax(logits, -1).astype(jnp.int32), pos, cache)
+      logits, cache = decode(model, jnp.argmax(logits, -1).astype(jnp.int32), pos, cache)
       steps.append(logits)
     outs.append(np.stack(steps))
   np.testing.assert_allclose(outs[1], outs[0], rtol=0, atol=1e-5 * np.abs(outs[0]).max())
