@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from flax import nnx
 
 import chaos
 
@@ -202,15 +203,18 @@ def _export_prompt(workdir):
     return export, agent, batch, messages, obs.screenshot
 
 
+# one program for the tests below (same shapes): a new jitted function per call compiled it again each time
+_prefill = nnx.jit(lambda m, *a, cache_size: m.prefill(*a, cache_size=cache_size), static_argnames="cache_size")
+
+
 def _our_last_logits(agent, batch):
     from flax import nnx
 
     from guilibra_jax.models.vision import device_vision_inputs
     model = nnx.merge(agent.graphdef, agent.params)
     seg = (np.asarray(batch["prompt_mask"]) != 0).astype(np.int32)
-    prefill = nnx.jit(lambda m, *a: m.prefill(*a, cache_size=seg.shape[1]))
-    logits, _ = prefill(model, np.asarray(batch["prompt_ids"], np.int32), np.asarray(batch["positions"], np.int32),
-                        seg, batch["pixel_values"], device_vision_inputs(batch["vision"]))
+    logits, _ = _prefill(model, np.asarray(batch["prompt_ids"], np.int32), np.asarray(batch["positions"], np.int32),
+                         seg, batch["pixel_values"], device_vision_inputs(batch["vision"]), cache_size=seg.shape[1])
     return np.asarray(logits)[0], np.asarray(batch["prompt_ids"])[0][seg[0] == 1]
 
 
