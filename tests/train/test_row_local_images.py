@@ -132,41 +132,46 @@ def test_row_local_path_on_a_sharded_batch_equals_one_device():
 
 PLAN = r"""
 import os, sys
-devices, row_local = int(sys.argv[1]), sys.argv[2] == "1"
+devices, paths = int(sys.argv[1]), sys.argv[2].split(",")
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
 os.environ["JAX_PLATFORMS"] = "cpu"
 from configs import demo
 from guilibra_jax.train import plan, recipe_plan
-if not row_local:     # the image-order path: what the planner lowered before row_slots
-    inputs = plan.image_inputs
-    plan.image_inputs = lambda *a, **k: (lambda pv, v: (pv, {n: x for n, x in v.items() if n != "row_slots"}))(
-        *inputs(*a, **k))
-c = demo.get_config()
-c.model.tiny.update(family="qwen3_vl", mrope_section=(8, 12, 12), hidden=256, heads=4, kv_heads=2)
-c.mesh.fsdp, c.data.batch_size, c.train.grad_accum = devices, devices, 1
-c.data.max_length, c.data.seq_buckets, c.data.max_pixels = 2048, (2048,), 0
-c.data.synthetic.tasks = 4
-report = recipe_plan.plan_config(c, devices, 1, 80.0, workdir=sys.argv[3])
-print(report["programs"]["asft_step"]["temp"] / 2 ** 30)
+row_local_inputs = plan.image_inputs
+def image_order_inputs(*a, **k):   # the image-order path: what the planner lowered before row_slots
+    pv, v = row_local_inputs(*a, **k)
+    return pv, {n: x for n, x in v.items() if n != "row_slots"}
+for path in paths:
+    plan.image_inputs = row_local_inputs if path == "row_local" else image_order_inputs
+    c = demo.get_config()
+    c.model.tiny.update(family="qwen3_vl", mrope_section=(8, 12, 12), hidden=256, heads=4, kv_heads=2)
+    c.mesh.fsdp, c.data.batch_size, c.train.grad_accum = devices, devices, 1
+    c.data.max_length, c.data.seq_buckets, c.data.max_pixels = 2048, (2048,), 0
+    c.data.synthetic.tasks = 4
+    report = recipe_plan.plan_config(c, devices, 1, 80.0, workdir=os.path.join(sys.argv[3], path))
+    print(path, report["programs"]["asft_step"]["temp"] / 2 ** 30, flush=True)
 """
 
 
-def _plan_temporaries(tmp_path, devices: int, row_local: bool) -> float:
+def _plan_temporaries(tmp_path, devices: int, paths: tuple[str, ...]) -> dict[str, float]:
     """Per-device temporaries (GiB) of the ASFT step of a small Qwen3-VL at one 2,048-token
-    row (one image of as many tokens) per device, FSDP over ``devices`` fake CPU devices."""
-    work = tmp_path / f"w{devices}{int(row_local)}"
-    run = subprocess.run([sys.executable, "-c", PLAN, str(devices), str(int(row_local)), str(work)],
+    row (one image of as many tokens) per device, FSDP over ``devices`` fake CPU devices, for
+    each of ``paths`` ("row_local", "image_order"), planned in one process."""
+    work = tmp_path / f"w{devices}"
+    run = subprocess.run([sys.executable, "-c", PLAN, str(devices), ",".join(paths), str(work)],
                          capture_output=True, text=True, timeout=600, cwd=REPO)
     assert run.returncode == 0, run.stderr[-3000:]
-    return float(run.stdout.strip().splitlines()[-1])
+    out = dict(w for w in map(str.split, run.stdout.splitlines()) if len(w) == 2 and w[0] in paths)
+    return {path: float(out[path]) for path in paths}
 
 
 def test_step_temporaries_do_not_grow_with_the_mesh_at_fixed_rows_per_device(tmp_path):
     """The image-order table (and its all-reduced gradient) held every row's image tokens on
     every device, so 2 -> 16 devices at one row each grew the step's temporaries (measured:
     0.284 -> 0.341 GiB here). Row-local gathering keeps them flat (0.276 -> 0.277); the
-    image-order path is planned at 16 devices too, to show the check bites."""
-    local = {n: _plan_temporaries(tmp_path, n, True) for n in (2, 16)}
-    table = _plan_temporaries(tmp_path, 16, False)
+    image-order path is planned at 16 devices too (in the same process), to show the check bites."""
+    local = {2: _plan_temporaries(tmp_path, 2, ("row_local",))["row_local"]}
+    at16 = _plan_temporaries(tmp_path, 16, ("row_local", "image_order"))
+    local[16], table = at16["row_local"], at16["image_order"]
     assert local[16] < 1.02 * local[2], local
     assert table > 1.15 * local[16], (table, local)
