@@ -138,7 +138,6 @@ def test_bad_config_value_is_named_before_work_starts(tmp_path):
 def test_export_loads_in_transformers_with_matching_logits(uninterrupted):
     import torch
     import transformers
-    from flax import nnx
 
     from guilibra_jax import models as M
     from guilibra_jax.train import fake_batch as F
@@ -208,8 +207,6 @@ _prefill = nnx.jit(lambda m, *a, cache_size: m.prefill(*a, cache_size=cache_size
 
 
 def _our_last_logits(agent, batch):
-    from flax import nnx
-
     from guilibra_jax.models.vision import device_vision_inputs
     model = nnx.merge(agent.graphdef, agent.params)
     seg = (np.asarray(batch["prompt_mask"]) != 0).astype(np.int32)
