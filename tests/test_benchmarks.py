@@ -1,6 +1,7 @@
 """Smoke runs of the benchmarks on the tiny model, so that they cannot rot: each runs end to
 end, writes its results JSON (machine, versions, commit, load) and checks what it claims to
 (loss / gradient-norm parity with transformers, greedy token agreement, the GPU check's phases)."""
+import glob
 import json
 import os
 import re
@@ -15,9 +16,25 @@ pytest.importorskip("transformers")
 
 
 def _provenance(res):
-    assert res["machine"]["cpu_cores"] >= 1 and res["machine"]["slug"]
+    assert res["machine"]["cpu_cores"] >= 1 and res["machine"]["slug"] and isinstance(res["machine"]["cpu"], dict)
     assert res["versions"]["jax"] and res["versions"]["torch"]
     assert "commit" in res["git"] and isinstance(res["loaded"], bool) and "glibc_tunables" in res
+
+
+def test_machine_info_tells_apart_cpus_of_one_model_name():
+    """Two Intel VMs read the same model name: the file records family / model / stepping and
+    the caches, as lscpu's sources state them."""
+    from benchmarks import _common as C
+
+    ident = C.machine_info()["cpu"]
+    if os.path.exists("/proc/cpuinfo") and "x86" in os.uname().machine:
+        first = open("/proc/cpuinfo").read().split("\n\n")[0]
+        model = re.search(r"^model\s*:\s*(\d+)$", first, re.M).group(1)
+        assert ident["model"] == model and ident["cpu_family"].isdigit()
+    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        level, kind, size = (open(os.path.join(d, n)).read().strip() for n in ("level", "type", "size"))
+        if level == "3" and kind == "Unified":
+            assert ident["caches"]["L3"] == size
 
 
 @pytest.mark.slow   # minutes on 2 cores; the sampler smoke covers the harness, test_head_loss the step parity
