@@ -304,3 +304,16 @@ def test_dot_backends_times_each_shape_on_each_side_and_writes_results(tmp_path)
     assert all(isinstance(f["returncode"], int) and f["returncode"] != 0 for f in res["failed_sides"].values())
     with pytest.raises(SystemExit, match="unknown or not an XLA side"):
         dot_backends.main([*small, "--sides=xla_ynn,torch"])
+
+
+def test_decode_attention_cascade_agrees_with_the_per_row_cache_and_writes_results(tmp_path):
+    from benchmarks import decode_attention
+
+    res = decode_attention.main(["--rounds=2", "--prompts=2", "--group=3", "--prompt_slots=5,9", "--new_tokens=4",
+                                 "--layers=2", "--heads=4", "--kv_heads=2", "--head_dim=8", "--state=16",
+                                 f"--out_dir={tmp_path}"])
+    _provenance(json.loads((tmp_path / f"decode_attention-{res['machine']['slug']}.json").read_text()))
+    assert sorted(res["by_prompt_slots"]) == ["5", "9"] and res["rows"] == 6
+    for case in res["by_prompt_slots"].values():
+        assert case["max_abs_diff"] <= 1e-4 * max(1.0, case["state_max_abs"]) and case["state_max_abs"] > 0
+        assert len(case["seconds_each"]["cascade"]) == 2 and case["per_row_over_cascade"] > 0
