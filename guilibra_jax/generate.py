@@ -12,8 +12,10 @@ Three entry points:
   Nothing leaves the device inside the loop, so it runs unchanged with parameters sharded
   on a mesh (XLA propagates the shardings into the cache).
   With ``copies = G`` the prompt arrays hold B / G distinct prompts: the vision tower and
-  the prefill run once per prompt and the prefill's KV cache is shared by (repeated for)
-  its G sampled rows (:func:`share_rows`), as GRPO's groups need.
+  the prefill run once per prompt and the prefill's KV cache is shared by its G sampled
+  rows, as GRPO's groups need: held once, each row caching only its own tokens
+  (:func:`share_prefix`), or repeated for each row (:func:`share_rows`,
+  ``SamplingConfig.shared_prefix=False``).
 * :func:`score` (jit): per-token log-probs of given sequences under the model, for the
   RL trainers' old / reference / teacher log-probs.
 
@@ -72,6 +74,11 @@ class SamplingConfig:
       [B, V]; the same tokens either way. None: on CPU when B <= 128 (XLA's CPU dots ran
       [V, D] x [D, B] 1.02-1.5x faster than [B, D] x [D, V] at 8-128 rows and D = 512, up to
       2.7x at D = 2048, and slower from ~160 rows: docs/benchmarks.md), else [B, V].
+    shared_prefix: with ``copies`` > 1, decode attention reads each prompt's keys and values
+      once for its rows (:func:`share_prefix`, ``attention.cascade_attention``) instead of a
+      copy of them in every row's cache (:func:`share_rows`); the same tokens (log-probs up to
+      float rounding), less cache, and a decode step that reads 1/copies of the prompt's
+      keys and values (benchmarks.decode_attention). False: the per-row copies.
     """
     temperature: float = 1.0
     top_p: float = 1.0
@@ -82,6 +89,7 @@ class SamplingConfig:
     banned_token_ids: tuple[int, ...] = ()
     logprobs: bool = True
     vocab_major: bool | None = None
+    shared_prefix: bool = True
 
     def __post_init__(self):
         ids = self.stop_token_ids
@@ -94,6 +102,7 @@ class SamplingConfig:
         object.__setattr__(self, "pad_token_id", int(self.pad_token_id))
         object.__setattr__(self, "banned_token_ids", tuple(int(i) for i in (self.banned_token_ids or ())))
         object.__setattr__(self, "logprobs", bool(self.logprobs))
+        object.__setattr__(self, "shared_prefix", bool(self.shared_prefix))
         if self.vocab_major is not None:
             object.__setattr__(self, "vocab_major", bool(self.vocab_major))
         if self.temperature < 0:
@@ -289,6 +298,37 @@ def share_rows(logits: Array, cache: dict, first_pos: Array, copies: int, row_sh
     return logits, cache, first_pos
 
 
+def share_prefix(logits: Array, cache: dict, first_pos: Array, copies: int, new_slots: int, row_sharding=None,
+                 logits_row_axis=0):
+    """As :func:`share_rows`, but the prefill's cache (of the B / ``copies`` prompts, sized to
+    them) becomes the prompts' shared part, held once (prefix_k, prefix_v and prefix_mask: the
+    slots of the prompt's own segment), and the B rows get an own cache of ``new_slots`` empty
+    slots (k, v, segment_ids; index 0) for their generated tokens: decode attention then runs
+    ``attention.cascade_attention`` (models/text.py's cache layout)."""
+    rep = lambda x, axis: jnp.repeat(x, copies, axis=axis)  # noqa: E731
+    logits, first_pos = rep(logits, logits_row_axis), rep(first_pos, 0)
+    ck, cv = cache["k"], cache["v"]
+    layers, p, kh, hd, _ = ck.shape
+    b = p * copies
+    own = {"k": jnp.zeros((layers, b, kh, hd, new_slots), ck.dtype),
+           "v": jnp.zeros((layers, b, kh, new_slots, hd), cv.dtype),
+           "segment_ids": jnp.zeros((b, new_slots), jnp.int32), "index": jnp.zeros((), jnp.int32),
+           "decode_segment": rep(cache["decode_segment"], 0)}
+    shared = {"prefix_k": ck, "prefix_v": cv,
+              "prefix_mask": cache["segment_ids"] == cache["decode_segment"][:, None]}
+    if row_sharding is not None:   # rows and prompts over the prompts' mesh axes (share_rows' keep)
+        mesh, axes = row_sharding
+
+        def keep(x, axis):
+            spec = [PartitionSpec.UNCONSTRAINED] * x.ndim
+            spec[axis] = axes
+            return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
+
+        own = {key: keep(x, CACHE_ROW_AXIS[key]) if key in CACHE_ROW_AXIS else x for key, x in own.items()}
+        shared = {key: keep(x, 0 if key == "prefix_mask" else 1) for key, x in shared.items()}
+    return logits, {**own, **shared}, first_pos
+
+
 VOCAB_MAJOR_MAX_ROWS = 128   # the decode head vocabulary-major on CPU up to this many rows (SamplingConfig)
 
 
@@ -309,10 +349,14 @@ def _generate(graphdef, params, prompt_ids, prompt_mask, positions, rope_deltas,
     seg = (prompt_mask != 0).astype(jnp.int32)
     vocab_major = vocab_major_logits(config, b)
     vocab_axis = 0 if vocab_major else 1
+    prefix = copies > 1 and config.shared_prefix
     logits, cache = model.prefill(prompt_ids.astype(jnp.int32), positions.astype(jnp.int32), seg, pixel_values,
-                                  vision, cache_size=t + n - 1, vocab_major=vocab_major)
+                                  vision, cache_size=t if prefix else t + n - 1, vocab_major=vocab_major)
     first_pos = decode_positions(seg, rope_deltas)
-    if copies > 1:
+    if prefix:
+        logits, cache, first_pos = share_prefix(logits, cache, first_pos, copies, max(n - 1, 1), row_sharding,
+                                                logits_row_axis=1 if vocab_major else 0)
+    elif copies > 1:
         logits, cache, first_pos = share_rows(logits, cache, first_pos, copies, row_sharding,
                                               logits_row_axis=1 if vocab_major else 0)
     stop = jnp.asarray(config.stop_token_ids or (-1,), jnp.int32)
@@ -385,7 +429,8 @@ def generate(graphdef: nnx.GraphDef, params: Any, prompt_ids, prompt_mask, posit
       config: :class:`SamplingConfig` (static).
       copies: (static) rows sampled per prompt. The prompt arrays hold B' = B / copies
         distinct prompts (their images only); the vision tower and the prefill run on those, and
-        their KV cache is repeated for the B = rows x copies sampled rows (:func:`share_rows`):
+        their KV cache serves the B = rows x copies sampled rows (held once per prompt,
+        :func:`share_prefix`, or with ``config.shared_prefix=False`` repeated, :func:`share_rows`):
         output row ``p * copies + j`` is sample j of prompt p, exactly what ``copies = 1`` on
         the prompts repeated that way gives (same key, same tokens; log-probs up to float
         rounding of the smaller prefill). 1: every row is its own prompt.

@@ -276,6 +276,29 @@ def test_shared_prefill_equals_generate_on_repeated_prompts(temperature, top_p, 
         assert all(len({tuple(r) for r in got.tokens[p * COPIES:(p + 1) * COPIES]}) > 1 for p in range(4))
 
 
+def test_prompt_held_once_samples_as_the_per_row_copies():
+    """SamplingConfig.shared_prefix (the default: each prompt's keys and values held once for its
+    rows, attention.cascade_attention) against shared_prefix=False (a copy in every row's cache):
+    the same tokens at temperature 0.7 with top-p / top-k, log-probs to float rounding; the
+    program of the default holds no [L, 12, K, H, T + N - 1] row cache, the per-row one does."""
+    cfg, graphdef, params = tiny("qwen2_5_vl")
+    p = G.prepare_prompts(prompts_for(cfg, "qwen2_5_vl"), cfg, pad_id=0)
+    args = (p["prompt_ids"], p["prompt_mask"], p["positions"], p["rope_deltas"], p["pixel_values"], p["vision"])
+    outs, jaxprs = [], []
+    for held_once in (True, False):
+        config = G.SamplingConfig(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=N_NEW, pad_token_id=0,
+                                  shared_prefix=held_once)
+        run = lambda params, *xs: G.generate(graphdef, params, *xs, jax.random.key(3), config, copies=COPIES)  # noqa: E731
+        outs.append(jax.tree.map(np.asarray, run(params, *args)))
+        jaxprs.append(str(jax.make_jaxpr(run)(params, *args)))
+    np.testing.assert_array_equal(outs[0].tokens, outs[1].tokens)
+    np.testing.assert_array_equal(outs[0].lengths, outs[1].lengths)
+    np.testing.assert_allclose(outs[0].logprobs, outs[1].logprobs, atol=2e-5, rtol=0)
+    tc = cfg.text
+    row_cache = f"f32[{tc.num_layers},{4 * COPIES},{tc.num_kv_heads},{tc.head_dim},{p['prompt_ids'].shape[1] + N_NEW - 1}]"
+    assert row_cache not in jaxprs[0] and row_cache in jaxprs[1]
+
+
 def test_shared_prefill_runs_the_prompt_at_the_distinct_rows():
     """The traced program of generate(copies=3) holds the prompt's hidden states [4, T, D]
     (vision features merged in) and never [12, T, D]: the prefill runs once per distinct
@@ -538,11 +561,13 @@ def test_generate_with_sharded_params(tmp_path):
     np.testing.assert_array_equal(np.asarray(got["shared_tokens"]), reference.tokens)
     np.testing.assert_allclose(np.asarray(got["shared_logprobs"]), reference.logprobs, atol=1e-4, rtol=0)
     cfg = tiny("qwen2_5_vl")[0]
-    cache_len = G.prepare_prompts(prompts_for(cfg, "qwen2_5_vl"), cfg, pad_id=0)["prompt_ids"].shape[1] + N_NEW - 1
+    prompt_len = G.prepare_prompts(prompts_for(cfg, "qwen2_5_vl"), cfg, pad_id=0)["prompt_ids"].shape[1]
     assert len(got["shared_hlo"]) == 1, got["shared_hlo"]
     with open(os.path.join(dump, got["shared_hlo"][0])) as f:
         hlo = f.read()
-    # the key cache, [L, rows, K, H, S] (models/text.py init_cache)
-    cache_rows = {int(r) for r in re.findall(rf"f32\[{cfg.text.num_layers},(\d+),\d+,{cfg.text.head_dim},{cache_len}\]",
-                                             hlo)}
-    assert 4 in cache_rows and max(cache_rows) == 4, cache_rows   # 8 rows / fsdp 2 (prefill: 4 / 2)
+    # key caches, [L, rows, K, H, S] (models/text.py init_cache): the rows' own (S = N_NEW - 1) and the
+    # prompts' held once (S = the prompt length, generate.share_prefix), each sharded over fsdp = 2
+    def cache_rows(slots):
+        return {int(r) for r in re.findall(rf"f32\[{cfg.text.num_layers},(\d+),\d+,{cfg.text.head_dim},{slots}\]", hlo)}
+    assert max(cache_rows(N_NEW - 1)) == 4, cache_rows(N_NEW - 1)     # 8 rows / fsdp 2
+    assert max(cache_rows(prompt_len)) == 2, cache_rows(prompt_len)   # 4 prompts / fsdp 2

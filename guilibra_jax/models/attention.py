@@ -113,6 +113,49 @@ def cached_attention(q, k, v, mask, *, scale: float):
   return jnp.transpose(out.reshape(b, kh, t, g, h), (0, 2, 1, 3, 4)).reshape(b, t, n, h).astype(dtype)
 
 
+def cascade_attention(q, k, v, mask, pk, pv, pmask, *, scale: float):
+  """:func:`cached_attention` of rows that share a prompt, over [the prompt's keys and values, held
+  once for its rows | each row's own cache]: q [B, T, N, H]; own cache k [B, K, H, S], v [B, K, S, H]
+  and mask (a SegmentMask or a boolean [B, 1|N, T, S]) as there; the P = B / c prompts' keys
+  pk [P, K, H, Sp], values pv [P, K, Sp, H] and pmask [P, Sp] (the slots every query of the
+  prompt's rows sees), row p * c + j continuing prompt p. Equal to cached_attention over each
+  row's [prompt | own] slots; the prompt's part is one matmul per prompt and kv head for the
+  queries of all its c rows, and the two parts' softmax shares one max and one denominator, so
+  no row reads a copy of its prompt (benchmarks.decode_attention).
+
+  Returns [B, T, N, H] in q's dtype."""
+  dtype = q.dtype
+  b, t, n, h = q.shape
+  p, kh, _, sp = pk.shape
+  c, g = b // p, n // kh
+  if c * p != b:
+    raise ValueError(f"{b} rows are not a multiple of the {p} prompts")
+  if isinstance(mask, SegmentMask):
+    mask = mask.dense()
+  acc = jnp.promote_types(dtype, jnp.float32)
+  batch = ((0, 1), (0, 1))
+  contract = (((3,), (2,)), batch)
+  by_prompt = lambda x: x.reshape(p, c, kh, t * g, -1).transpose(0, 2, 1, 3, 4).reshape(p, kh, c * t * g, -1)  # noqa: E731
+  by_row = lambda x: x.reshape(p, kh, c, t * g, -1).transpose(0, 2, 1, 3, 4).reshape(b, kh, t * g, -1)  # noqa: E731
+  qm = jnp.transpose(q.reshape(b, t, kh, g, h), (0, 2, 1, 3, 4)).reshape(b, kh, t * g, h)
+  own = jax.lax.dot_general(qm, k.astype(dtype), contract, preferred_element_type=acc) * scale   # [B, K, TG, S]
+  if mask.shape[1] == 1:
+    mask = jnp.broadcast_to(mask[:, :, :, None, :], (b, 1, t, g, mask.shape[-1]))
+  else:
+    mask = jnp.transpose(mask.reshape(b, kh, g, t, -1), (0, 1, 3, 2, 4))
+  own = jnp.where(mask.reshape(b, mask.shape[1], t * g, -1), own, _NEG)
+  shared = jax.lax.dot_general(by_prompt(qm), pk.astype(dtype), contract, preferred_element_type=acc) * scale
+  shared = by_row(jnp.where(pmask[:, None, None, :], shared, _NEG))                             # [B, K, TG, Sp]
+  m = jnp.maximum(own.max(-1), shared.max(-1))[..., None]
+  e_own, e_shared = jnp.exp(own - m), jnp.exp(shared - m)
+  den = e_own.sum(-1) + e_shared.sum(-1)
+  out = (by_row(jax.lax.dot_general(by_prompt(e_shared).astype(dtype), pv.astype(dtype), contract,
+                                    preferred_element_type=acc))
+         + jax.lax.dot_general(e_own.astype(dtype), v.astype(dtype), contract, preferred_element_type=acc))
+  out = out / den[..., None]                                                                     # [B, K, TG, H]
+  return jnp.transpose(out.reshape(b, kh, t, g, h), (0, 2, 1, 3, 4)).reshape(b, t, n, h).astype(dtype)
+
+
 def varlen_attention(q, k, v, lengths, *, scale: float | None = None, implementation: str | None = None,
                      block: int = BLOCK):
   """Bidirectional attention within each of B sequences: q, k, v [B, T, N, H], lengths [B]

@@ -202,14 +202,17 @@ class QwenVL(nnx.Module):
 
   def decode_step(self, tokens, positions, cache, vocab_major: bool = False):
     """One token per row: tokens [B], positions [3, B] -> (logits [B, V] float32 ([V, B] with
-    vocab_major), cache)."""
+    vocab_major), cache). A cache with prefix_k (rows sharing prompts, ``generate.share_prefix``)
+    attends to each row's prompt held once, then to the row's own slots."""
     index = cache["index"]
     seg = cache["decode_segment"][:, None]
     cache = dict(cache)
     cache["segment_ids"] = jax.lax.dynamic_update_slice(cache["segment_ids"], seg, (0, index))
     h = self.language_model.embed_tokens(tokens[:, None])
     mask = self._mask(seg, cache["segment_ids"], index)
-    h, (k, v) = self.language_model(h, positions[:, :, None], mask, cache=(cache["k"], cache["v"]), index=index)
+    shared = (cache["prefix_k"], cache["prefix_v"], cache["prefix_mask"]) if "prefix_k" in cache else None
+    h, (k, v) = self.language_model(h, positions[:, :, None], mask, cache=(cache["k"], cache["v"]), index=index,
+                                    shared=shared)
     cache.update(k=k, v=v, index=index + 1)
     return self.logits_from_hidden(h[:, 0], vocab_major), cache
 

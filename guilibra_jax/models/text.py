@@ -6,6 +6,11 @@ The KV cache is a dict pytree:
   segment_ids   [B, S] int32     0 = empty slot or padding; attention needs equal ids
   index         [] int32         next slot to write (the same for every row: left padding)
   decode_segment [B] int32       segment id given to generated tokens
+and, where rows share a prompt (``generate.share_prefix``: row p * c + j continues prompt p; k, v
+and segment_ids then hold the rows' own slots only):
+  prefix_k      [L, P, K, H, Sp] the P prompts' keys, held once for their c rows
+  prefix_v      [L, P, K, Sp, H] their values
+  prefix_mask   [P, Sp] bool     the prompt slots the rows' queries see
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from guilibra_jax import sharding as S
-from guilibra_jax.models.attention import cached_attention, dot_product_attention
+from guilibra_jax.models.attention import cached_attention, cascade_attention, dot_product_attention
 from guilibra_jax.models.config import ModelConfig, TextConfig
 from guilibra_jax.models.layers import Embed, Linear, RMSNorm, apply_rope, position_wise, text_rope
 from guilibra_jax.models.vision import GatedMLP
@@ -43,13 +48,15 @@ class Attention(nnx.Module):
     self.qk_norm = tc.qk_norm
     self.scale = h**-0.5
 
-  def __call__(self, x, cos, sin, mask, kv_cache=None, index=None, prefix=None, layer=None):
+  def __call__(self, x, cos, sin, mask, kv_cache=None, index=None, prefix=None, layer=None, shared=None):
     """x [B, T, D]; cos/sin [B, T, H]; mask: SegmentMask of T queries and S keys (or a bool
     [B, 1, T, S]); kv_cache: every layer's (k, v) stacked (init_cache's layouts) or None, updated in
     place at ``layer`` (an int or a traced index), slots index.., and returned whole (a decode
     step writes its slot instead of copying the cache); without a cache returns this call's
     (k, v). prefix (k, v) [B, Sp, K, H] or None: keys / values (rotated) of a shared prompt put
-    before this call's own (S = Sp + T)."""
+    before this call's own (S = Sp + T). shared (with kv_cache): every layer's prompt keys and
+    values held once per prompt and their mask (the cache's prefix_k, prefix_v, prefix_mask), attended
+    before the rows' own cache (attention.cascade_attention)."""
     q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
     if self.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
@@ -63,7 +70,10 @@ class Attention(nnx.Module):
     ck, cv = kv_cache
     ck = jax.lax.dynamic_update_slice(ck, jnp.transpose(k, K_LAYOUT).astype(ck.dtype)[None], (layer, 0, 0, 0, index))
     cv = jax.lax.dynamic_update_slice(cv, jnp.transpose(v, V_LAYOUT).astype(cv.dtype)[None], (layer, 0, 0, index, 0))
-    if q.shape[1] <= getattr(mask, "block", q.shape[1]):   # decode (and short prefills): the cache as stored
+    if shared is not None:   # rows continuing prompts held once: [prompt | own cache]
+      pk, pv, pmask = shared
+      out = cascade_attention(q, ck[layer], cv[layer], mask, pk[layer], pv[layer], pmask, scale=self.scale)
+    elif q.shape[1] <= getattr(mask, "block", q.shape[1]):   # decode (and short prefills): the cache as stored
       out = cached_attention(q, ck[layer], cv[layer], mask, scale=self.scale)
     else:   # a long prefill: blockwise attention over [B, S, K, H]
       out = dot_product_attention(q, jnp.transpose(ck[layer], (0, 3, 1, 2)), jnp.transpose(cv[layer], V_LAYOUT),
@@ -83,8 +93,8 @@ class DecoderLayer(nnx.Module):
     self.post_attention_layernorm = RMSNorm(tc.hidden_size, ("embed",), eps=tc.rms_norm_eps, dtype=dtype,
                                             param_dtype=param_dtype)
 
-  def __call__(self, x, cos, sin, mask, kv_cache=None, index=None, prefix=None, layer=None):
-    a, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv_cache, index, prefix, layer)
+  def __call__(self, x, cos, sin, mask, kv_cache=None, index=None, prefix=None, layer=None, shared=None):
+    a, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv_cache, index, prefix, layer, shared)
     x = x + a
     x = x + position_wise(self.mlp, self.post_attention_layernorm(x), self.mlp_chunk)
     return x, kv
@@ -120,11 +130,12 @@ class TextModel(nnx.Module):
     return jax.checkpoint(fn, policy=policy, prevent_cse=not self.scan_layers)
 
   def __call__(self, h, positions, mask, deepstack_add: Callable | None = None, n_deepstack: int = 0,
-               cache=None, index=None):
+               cache=None, index=None, shared=None):
     """h [B, T, D] input embeddings; positions [3, B, T]; mask: attention.SegmentMask.
 
     deepstack_add(i) -> [B, T, D] is added after layer i < n_deepstack (Qwen3-VL).
-    cache: (k, v) stacked (init_cache's layouts) or None. Returns (normed hidden, new (k, v) or None).
+    cache: (k, v) stacked (init_cache's layouts) or None. shared: (prefix_k, prefix_v, prefix_mask)
+    of a cache whose rows share prompts (with cache only). Returns (normed hidden, new (k, v) or None).
     """
     tc = self.tc
     cos, sin = text_rope(positions, tc.head_dim, tc.rope_theta, tc.mrope_section, tc.mrope_interleaved)
@@ -139,7 +150,7 @@ class TextModel(nnx.Module):
       # the backward pass ([L, B, T, K, H] x 2: 8 GiB per device for a 16,384-token row of
       # Qwen3-VL-32B on the CPU compiler).
       def one_layer(layer_state, x, kv, i):
-        x, kv = nnx.merge(gdef, layer_state)(x, cos, sin, mask, kv, index, layer=i)
+        x, kv = nnx.merge(gdef, layer_state)(x, cos, sin, mask, kv, index, layer=i, shared=shared)
         if deepstack_add is not None and n_deepstack:
           x = jax.lax.cond(i < n_deepstack, lambda: x + deepstack_add(jnp.minimum(i, n_deepstack - 1)), lambda: x)
         return S.constrain_batch(x), (kv if cache is not None else None)
@@ -160,7 +171,7 @@ class TextModel(nnx.Module):
       add = deepstack_add if (deepstack_add is not None and i < n_deepstack) else None
 
       def one_layer(st, x, kv, g=gdef, add=add, i=i):
-        x, kv = nnx.merge(g, st)(x, cos, sin, mask, kv, index, layer=i)
+        x, kv = nnx.merge(g, st)(x, cos, sin, mask, kv, index, layer=i, shared=shared)
         return S.constrain_batch(x if add is None else x + add(i)), (kv if cache is not None else None)
 
       h, kv = self._checkpointed(one_layer)(layer_state, h, kv)

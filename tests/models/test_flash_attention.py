@@ -14,7 +14,7 @@ import torch
 from flax import nnx
 
 from guilibra_jax.models import get_rope_index, load_hf, prepare_vision_inputs
-from guilibra_jax.models.attention import SegmentMask, cached_attention, flash_attention
+from guilibra_jax.models.attention import SegmentMask, cached_attention, cascade_attention, flash_attention
 from guilibra_jax.models.text import K_LAYOUT, V_LAYOUT
 from hf_fixtures import make_batch
 from test_parity import CASES, P_BUCKET, REL_TOL, T_BUCKET, _torch_logits
@@ -92,6 +92,46 @@ def test_cached_attention_equals_dense_attention(t, off, per_head):
     got = cached_attention(q, jnp.transpose(k, K_LAYOUT), jnp.transpose(v, V_LAYOUT), mask, scale=0.3)
     assert got.shape == (b, t, n, h) and got.dtype == jnp.float64
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("t, per_head", [(1, False), (1, True), (3, False)])
+def test_cascade_attention_equals_dense_attention_over_prompt_and_own_slots(t, per_head):
+  """Rows p * c + j continuing prompt p: [the prompt's keys / values held once (some slots
+  masked out, as left padding) | each row's own cache] equals dense attention over every row's
+  [prompt | own] keys, in float64 (the own part: a causal SegmentMask at a per-call offset, or a
+  per-head boolean mask)."""
+  p, c, sp, s, n, kh, h = 3, 4, 17, 9, 6, 2, 8
+  b, off = p * c, 4
+  rng = np.random.default_rng(2)
+  with jax.enable_x64():
+    q = jnp.asarray(rng.normal(size=(b, t, n, h)))
+    pk, pv = (jnp.asarray(rng.normal(size=(p, sp, kh, h))) for _ in range(2))
+    k, v = (jnp.asarray(rng.normal(size=(b, s, kh, h))) for _ in range(2))
+    pmask = rng.random((p, sp)) > 0.3
+    pmask[:, -1] = True
+    own_seg = np.zeros((b, s), np.int32)
+    own_seg[:, :off + t] = 1
+    mask = SegmentMask(jnp.asarray(own_seg[:, off:off + t]), jnp.asarray(own_seg), jnp.asarray(off, jnp.int32), True)
+    keep = np.broadcast_to(np.asarray(mask.dense()), (b, n, t, s)).copy()
+    if per_head:   # drop a random tenth of the allowed own keys, never a row's first one
+      keep &= (rng.random(keep.shape) > 0.1) | (np.arange(s) == 0)
+      mask = jnp.asarray(keep)
+    full_keep = np.concatenate([np.broadcast_to(np.repeat(pmask, c, 0)[:, None, None], (b, n, t, sp)), keep], -1)
+    full_k = jnp.concatenate([jnp.repeat(pk, c, 0), k], 1)
+    full_v = jnp.concatenate([jnp.repeat(pv, c, 0), v], 1)
+    scores = jnp.einsum("bqnh,bsnh->bnqs", q, jnp.repeat(full_k, n // kh, 2), precision="highest") * 0.3
+    probs = jax.nn.softmax(jnp.where(jnp.asarray(full_keep), scores, -jnp.inf), -1)
+    want = jnp.einsum("bnqs,bsnh->bqnh", probs, jnp.repeat(full_v, n // kh, 2), precision="highest")
+    got = cascade_attention(q, jnp.transpose(k, K_LAYOUT), jnp.transpose(v, V_LAYOUT), mask,
+                            jnp.transpose(pk, K_LAYOUT), jnp.transpose(pv, V_LAYOUT), jnp.asarray(pmask), scale=0.3)
+    assert got.shape == (b, t, n, h) and got.dtype == jnp.float64
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-13)
+    # the prompt part matters: attending to the own cache alone is far from it
+    alone = cached_attention(q, jnp.transpose(k, K_LAYOUT), jnp.transpose(v, V_LAYOUT), mask, scale=0.3)
+    assert float(jnp.max(jnp.abs(alone - want))) > 1e-2
+    with pytest.raises(ValueError, match="multiple"):
+      cascade_attention(q[:-1], jnp.transpose(k[:-1], K_LAYOUT), jnp.transpose(v[:-1], V_LAYOUT), mask,
+                        jnp.transpose(pk, K_LAYOUT), jnp.transpose(pv, V_LAYOUT), jnp.asarray(pmask), scale=0.3)
 
 
 def test_flash_bfloat16_is_as_close_to_float64_as_dense_bfloat16():
