@@ -71,7 +71,7 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
         programs["sft_replay"] = st
 
     # sampler: prefill of the call's distinct prompts (shared by their copies) + decode loop
-    # over gen_rows rows (KV cache of T - 1 slots)
+    # over gen_rows rows (KV cache: each prompt's Tp slots once and N - 1 per row, or T - 1 per row)
     # rows per process: a multiple of the batch devices of one process (s.row_multiple counts
     # this planning process's, which holds every fake device)
     copies = (RO.prompt_copies(gen_rows // processes, rl.group_size, max(1, dp // processes))
@@ -90,7 +90,11 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     compiled = P.compile_program(lowered, (policy, b))
     st = P.compiled_stats(compiled)
     st["resident_args"] = P.per_device_bytes(policy)
-    st["kv_cache_estimate"] = kv_cache_bytes(mc, gen_rows, Tp + N - 1, config.model.dtype, mesh)
+    if copies > 1 and s.sampling.shared_prefix:   # generate.share_prefix: each prompt's part once
+        st["kv_cache_estimate"] = (kv_cache_bytes(mc, p_rows, Tp, config.model.dtype, mesh)
+                                   + kv_cache_bytes(mc, gen_rows, max(N - 1, 1), config.model.dtype, mesh))
+    else:
+        st["kv_cache_estimate"] = kv_cache_bytes(mc, gen_rows, Tp + N - 1, config.model.dtype, mesh)
     programs["sampler"] = st
 
     # scoring: the policy (old log-probs) and each frozen model, rl.score_rows rows per call
