@@ -270,8 +270,10 @@ def decode_positions(prompt_mask: Array, rope_deltas: Array) -> Array:
     return n_real + rope_deltas.astype(jnp.int32)
 
 
-# Row axis of each KV-cache entry (models/text.py ``init_cache``); "index" is a scalar.
+# Row axis of each KV-cache entry (models/text.py ``init_cache``); "index" is a scalar. A cache
+# whose rows share prompts (share_prefix) adds the prompts' entries, indexed by prompt.
 CACHE_ROW_AXIS = {"k": 1, "v": 1, "segment_ids": 0, "decode_segment": 0}
+PREFIX_ROW_AXIS = {"prefix_k": 1, "prefix_v": 1, "prefix_mask": 0}
 
 
 def share_rows(logits: Array, cache: dict, first_pos: Array, copies: int, row_sharding=None, logits_row_axis=0):
@@ -286,16 +288,23 @@ def share_rows(logits: Array, cache: dict, first_pos: Array, copies: int, row_sh
     rep = lambda x, axis: jnp.repeat(x, copies, axis=axis)  # noqa: E731
     logits, first_pos = rep(logits, logits_row_axis), rep(first_pos, 0)
     cache = {key: rep(x, CACHE_ROW_AXIS[key]) if key in CACHE_ROW_AXIS else x for key, x in cache.items()}
-    if row_sharding is not None:
-        mesh, axes = row_sharding
+    return logits, _keep_rows(cache, CACHE_ROW_AXIS, row_sharding), first_pos
 
-        def keep(x, axis):   # the row axis as the prompts'; XLA chooses the others (kv heads over tensor)
-            spec = [PartitionSpec.UNCONSTRAINED] * x.ndim
-            spec[axis] = axes
-            return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
 
-        cache = {key: keep(x, CACHE_ROW_AXIS[key]) if key in CACHE_ROW_AXIS else x for key, x in cache.items()}
-    return logits, cache, first_pos
+def _keep_rows(cache: dict, row_axis: dict, row_sharding) -> dict:
+    """The cache entries named in ``row_axis`` with that axis sharded as the prompts' rows
+    (``row_sharding``: (mesh, axes) or None: unchanged); XLA chooses the other axes (kv heads
+    over tensor)."""
+    if row_sharding is None:
+        return cache
+    mesh, axes = row_sharding
+
+    def keep(x, axis):
+        spec = [PartitionSpec.UNCONSTRAINED] * x.ndim
+        spec[axis] = axes
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
+
+    return {key: keep(x, row_axis[key]) if key in row_axis else x for key, x in cache.items()}
 
 
 def share_prefix(logits: Array, cache: dict, first_pos: Array, copies: int, new_slots: int, row_sharding=None,
@@ -316,17 +325,7 @@ def share_prefix(logits: Array, cache: dict, first_pos: Array, copies: int, new_
            "decode_segment": rep(cache["decode_segment"], 0)}
     shared = {"prefix_k": ck, "prefix_v": cv,
               "prefix_mask": cache["segment_ids"] == cache["decode_segment"][:, None]}
-    if row_sharding is not None:   # rows and prompts over the prompts' mesh axes (share_rows' keep)
-        mesh, axes = row_sharding
-
-        def keep(x, axis):
-            spec = [PartitionSpec.UNCONSTRAINED] * x.ndim
-            spec[axis] = axes
-            return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
-
-        own = {key: keep(x, CACHE_ROW_AXIS[key]) if key in CACHE_ROW_AXIS else x for key, x in own.items()}
-        shared = {key: keep(x, 0 if key == "prefix_mask" else 1) for key, x in shared.items()}
-    return logits, {**own, **shared}, first_pos
+    return logits, _keep_rows({**own, **shared}, {**CACHE_ROW_AXIS, **PREFIX_ROW_AXIS}, row_sharding), first_pos
 
 
 VOCAB_MAJOR_MAX_ROWS = 128   # the decode head vocabulary-major on CPU up to this many rows (SamplingConfig)
