@@ -276,13 +276,18 @@ def test_shared_prefill_equals_generate_on_repeated_prompts(temperature, top_p, 
         assert all(len({tuple(r) for r in got.tokens[p * COPIES:(p + 1) * COPIES]}) > 1 for p in range(4))
 
 
-def test_prompt_held_once_samples_as_the_per_row_copies():
+@pytest.mark.parametrize("family,scan_layers", [("qwen2_5_vl", False), ("qwen3_vl", True)])
+def test_prompt_held_once_samples_as_the_per_row_copies(family, scan_layers):
     """SamplingConfig.shared_prefix (the default: each prompt's keys and values held once for its
     rows, attention.cascade_attention) against shared_prefix=False (a copy in every row's cache):
     the same tokens at temperature 0.7 with top-p / top-k, log-probs to float rounding; the
-    program of the default holds no [L, 12, K, H, T + N - 1] row cache, the per-row one does."""
-    cfg, graphdef, params = tiny("qwen2_5_vl")
-    p = G.prepare_prompts(prompts_for(cfg, "qwen2_5_vl"), cfg, pad_id=0)
+    program of the default holds no [L, 12, K, H, T + N - 1] row cache, the per-row one does.
+    Unrolled and scanned layers (every recipe scans: the layer's prompt keys are then a traced slice)."""
+    cfg = F.tiny_config(family)
+    nnx.use_eager_sharding(False)
+    graphdef, state, _ = nnx.split(M.QwenVL(cfg, scan_layers=scan_layers, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    params = sharpen(nnx.to_pure_dict(state))
+    p = G.prepare_prompts(prompts_for(cfg, family), cfg, pad_id=0)
     args = (p["prompt_ids"], p["prompt_mask"], p["positions"], p["rope_deltas"], p["pixel_values"], p["vision"])
     outs, jaxprs = [], []
     for held_once in (True, False):
