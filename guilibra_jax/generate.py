@@ -7,7 +7,8 @@ Three entry points:
   pixel rows and builds the vision tower's inputs.
 * :func:`generate` (jit, compiled once per shape / ``graphdef`` / :class:`SamplingConfig`):
   one prefill of the left-padded prompts (images included) into a KV cache of
-  ``T + max_new_tokens - 1`` slots, then a ``jax.lax.while_loop`` of decode steps that
+  ``T + max_new_tokens - 1`` slots (with ``copies`` > 1: T per prompt, and
+  ``max_new_tokens - 1`` per row), then a ``jax.lax.while_loop`` of decode steps that
   exits as soon as every row has emitted a stop token (or ``max_new_tokens`` are out).
   Nothing leaves the device inside the loop, so it runs unchanged with parameters sharded
   on a mesh (XLA propagates the shardings into the cache).
