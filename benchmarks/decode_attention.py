@@ -16,9 +16,9 @@ the key and value at the step's slot and attends.
             keys [L, B, K, H, S] and values [L, B, K, S, H] with S = prompt + response slots, updated
             in place; attention is ``attention.cached_attention``
   cascade   the prompt's keys and values once per prompt [L, P, K, H, S_p] (never written while
-            decoding) and a response cache [L, B, K, H, R]; each kv head's queries of a prompt's G rows
-            are one matmul over the prompt's keys, each row's over its response keys, and the two
-            softmax parts are merged (one max, one denominator)
+            decoding) and a response cache [L, B, K, H, R]; attention is ``attention.cascade_attention``
+            (what ``generate`` runs with copies > 1: each kv head's queries of a prompt's G rows are one
+            matmul over the prompt's keys, each row's over its response keys, the softmax parts merged)
 The two final states must agree (float32 rounding; ``max_abs_diff``). Reports each side's median
 seconds per call over --rounds interleaved rounds and per_row / cascade.
 Writes benchmarks/results/decode_attention-<machine>.json (see --out_dir).
@@ -53,10 +53,10 @@ def build(a, prompt_slots: int):
     import jax
     import jax.numpy as jnp
 
-    from guilibra_jax.models.attention import cached_attention
+    from guilibra_jax.models.attention import cached_attention, cascade_attention
 
     L, P, G, K, N, H, SP = a.layers, a.prompts, a.group, a.kv_heads, a.heads, a.head_dim, prompt_slots
-    B, R, g, W = P * G, a.new_tokens - 1, N // K, a.state
+    B, R, W = P * G, a.new_tokens - 1, a.state
     S = SP + R
     scale = H ** -0.5
     rnd = lambda i, shape: jax.random.normal(jax.random.fold_in(jax.random.key(0), i), shape, jnp.float32)  # noqa: E731
@@ -64,7 +64,6 @@ def build(a, prompt_slots: int):
     wq, wkv = rnd(3, (L, W, N * H)) * W ** -0.5, rnd(4, (L, W, 2 * K * H)) * W ** -0.5
     wo = rnd(5, (L, N * H, W)) * (N * H) ** -0.5
     x0 = rnd(6, (B, W))
-    batched = (((3,), (2,)), ((0, 1), (0, 1)))   # [X, K, rows, H] x [X, K, H|S, S|H]
 
     def project(x, l):    # from the RMS-normalised state, as a layer reads its input
         x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
@@ -90,23 +89,16 @@ def build(a, prompt_slots: int):
 
     def cascade():
         rk, rv = jnp.zeros((L, B, K, H, R)), jnp.zeros((L, B, K, R, H))
-        by_prompt = lambda y: y.reshape(P, G, K, g, -1).transpose(0, 2, 1, 3, 4).reshape(P, K, G * g, -1)  # noqa: E731
-        by_row = lambda y: y.reshape(P, K, G, g, -1).transpose(0, 2, 1, 3, 4).reshape(B, K, g, -1)  # noqa: E731
+        pmask = jnp.ones((P, SP), bool)
 
         def body(i, carry):
             x, rk, rv = carry
+            mask = jnp.broadcast_to((jnp.arange(R) <= i)[None, None, None], (B, 1, 1, R))
             for l in range(L):
                 q, kv = project(x, l)
                 rk = jax.lax.dynamic_update_slice(rk, kv[None, :, 0, :, :, None], (l, 0, 0, 0, i))
                 rv = jax.lax.dynamic_update_slice(rv, kv[None, :, 1, :, None, :], (l, 0, 0, i, 0))
-                qr = q.reshape(B, K, g, H)
-                lp = by_row(jax.lax.dot_general(by_prompt(qr), pk[l], batched) * scale)      # [B, K, g, SP]
-                lr = jax.lax.dot_general(qr, rk[l], batched) * scale                       # [B, K, g, R]
-                lr = jnp.where(jnp.arange(R) <= i, lr, -jnp.inf)
-                m = jnp.maximum(lp.max(-1), lr.max(-1))[..., None]
-                ep, er = jnp.exp(lp - m), jnp.exp(lr - m)
-                num = by_row(jax.lax.dot_general(by_prompt(ep), pv[l], batched)) + jax.lax.dot_general(er, rv[l], batched)
-                o = num / (ep.sum(-1) + er.sum(-1))[..., None]
+                o = cascade_attention(q[:, None], rk[l], rv[l], mask, pk[l], pv[l], pmask, scale=scale)
                 x = x + o.reshape(B, N * H) @ wo[l]
             return x, rk, rv
 

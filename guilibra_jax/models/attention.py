@@ -82,6 +82,36 @@ def dot_product_attention(q, k, v, mask, *, scale: float | None = None):
   return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation=None)
 
 
+def _by_kv_head(q, kh: int):
+  """q [B, T, N, H] -> [B, K, T * G, H]: each kv head's T * G queries (G = N / K) as rows."""
+  b, t, n, h = q.shape
+  return jnp.transpose(q.reshape(b, t, kh, n // kh, h), (0, 2, 1, 3, 4)).reshape(b, kh, t * (n // kh), h)
+
+
+def _from_kv_heads(out, t: int):
+  """The inverse of :func:`_by_kv_head`: [B, K, T * G, H] -> [B, T, K * G, H]."""
+  b, kh, tg, h = out.shape
+  return jnp.transpose(out.reshape(b, kh, t, tg // t, h), (0, 2, 1, 3, 4)).reshape(b, t, kh * (tg // t), h)
+
+
+def _cache_logits(qm, k, mask, t: int, scale: float, acc):
+  """Masked logits [B, K, T * G, S] of :func:`_by_kv_head`'s queries qm over a key cache k
+  [B, K, H, S] as stored (contracted over its rows); mask a SegmentMask or a boolean
+  [B, 1|N, T, S], masked-out slots _NEG."""
+  b, kh, tg, _ = qm.shape
+  g = tg // t
+  if isinstance(mask, SegmentMask):
+    mask = mask.dense()
+  logits = jax.lax.dot_general(qm, k.astype(qm.dtype), (((3,), (2,)), ((0, 1), (0, 1))),
+                               preferred_element_type=acc) * scale
+  logits = logits.reshape(b, kh, t, g, -1)                                              # [B, K, T, G, S]
+  if mask.shape[1] == 1:
+    mask = mask[:, :, :, None, :]
+  else:
+    mask = jnp.transpose(mask.reshape(b, kh, g, t, -1), (0, 1, 3, 2, 4))
+  return jnp.where(mask, logits, _NEG).reshape(b, kh, tg, -1)
+
+
 def cached_attention(q, k, v, mask, *, scale: float):
   """Attention of a few queries over a KV cache kept in its own layout: q [B, T, N, H], k
   [B, K, H, S] and v [B, K, S, H] (K kv heads, S slots), mask a SegmentMask (T <= its block)
@@ -94,23 +124,12 @@ def cached_attention(q, k, v, mask, *, scale: float):
 
   Returns [B, T, N, H] in q's dtype."""
   dtype = q.dtype
-  b, t, n, h = q.shape
-  kh = k.shape[1]
-  g = n // kh
-  if isinstance(mask, SegmentMask):
-    mask = mask.dense()
-  batch = ((0, 1), (0, 1))
-  qm = jnp.transpose(q.reshape(b, t, kh, g, h), (0, 2, 1, 3, 4)).reshape(b, kh, t * g, h)
+  t = q.shape[1]
   acc = jnp.promote_types(dtype, jnp.float32)   # logits and softmax: float32 at least
-  logits = jax.lax.dot_general(qm, k.astype(dtype), (((3,), (2,)), batch), preferred_element_type=acc) * scale
-  logits = logits.reshape(b, kh, t, g, -1)                                              # [B, K, T, G, S]
-  if mask.shape[1] == 1:
-    mask = mask[:, :, :, None, :]
-  else:
-    mask = jnp.transpose(mask.reshape(b, kh, g, t, -1), (0, 1, 3, 2, 4))
-  probs = jax.nn.softmax(jnp.where(mask, logits, _NEG).astype(acc), axis=-1).astype(v.dtype)
-  out = jax.lax.dot_general(probs.reshape(b, kh, t * g, -1), v.astype(dtype), (((3,), (2,)), batch))   # [B, K, TG, H]
-  return jnp.transpose(out.reshape(b, kh, t, g, h), (0, 2, 1, 3, 4)).reshape(b, t, n, h).astype(dtype)
+  qm = _by_kv_head(q, k.shape[1])
+  probs = jax.nn.softmax(_cache_logits(qm, k, mask, t, scale, acc).astype(acc), axis=-1).astype(v.dtype)
+  out = jax.lax.dot_general(probs, v.astype(dtype), (((3,), (2,)), ((0, 1), (0, 1))))   # [B, K, TG, H]
+  return _from_kv_heads(out, t).astype(dtype)
 
 
 def cascade_attention(q, k, v, mask, pk, pv, pmask, *, scale: float):
@@ -125,25 +144,17 @@ def cascade_attention(q, k, v, mask, pk, pv, pmask, *, scale: float):
 
   Returns [B, T, N, H] in q's dtype."""
   dtype = q.dtype
-  b, t, n, h = q.shape
-  p, kh, _, sp = pk.shape
-  c, g = b // p, n // kh
+  b, t = q.shape[:2]
+  p, kh = pk.shape[:2]
+  c = b // p
   if c * p != b:
     raise ValueError(f"{b} rows are not a multiple of the {p} prompts")
-  if isinstance(mask, SegmentMask):
-    mask = mask.dense()
   acc = jnp.promote_types(dtype, jnp.float32)
-  batch = ((0, 1), (0, 1))
-  contract = (((3,), (2,)), batch)
-  by_prompt = lambda x: x.reshape(p, c, kh, t * g, -1).transpose(0, 2, 1, 3, 4).reshape(p, kh, c * t * g, -1)  # noqa: E731
-  by_row = lambda x: x.reshape(p, kh, c, t * g, -1).transpose(0, 2, 1, 3, 4).reshape(b, kh, t * g, -1)  # noqa: E731
-  qm = jnp.transpose(q.reshape(b, t, kh, g, h), (0, 2, 1, 3, 4)).reshape(b, kh, t * g, h)
-  own = jax.lax.dot_general(qm, k.astype(dtype), contract, preferred_element_type=acc) * scale   # [B, K, TG, S]
-  if mask.shape[1] == 1:
-    mask = jnp.broadcast_to(mask[:, :, :, None, :], (b, 1, t, g, mask.shape[-1]))
-  else:
-    mask = jnp.transpose(mask.reshape(b, kh, g, t, -1), (0, 1, 3, 2, 4))
-  own = jnp.where(mask.reshape(b, mask.shape[1], t * g, -1), own, _NEG)
+  contract = (((3,), (2,)), ((0, 1), (0, 1)))
+  by_prompt = lambda x: x.reshape(p, c, kh, x.shape[2], -1).transpose(0, 2, 1, 3, 4).reshape(p, kh, -1, x.shape[3])  # noqa: E731
+  by_row = lambda x: x.reshape(p, kh, c, -1, x.shape[3]).transpose(0, 2, 1, 3, 4).reshape(b, kh, -1, x.shape[3])  # noqa: E731
+  qm = _by_kv_head(q, kh)
+  own = _cache_logits(qm, k, mask, t, scale, acc)                                                # [B, K, TG, S]
   shared = jax.lax.dot_general(by_prompt(qm), pk.astype(dtype), contract, preferred_element_type=acc) * scale
   shared = by_row(jnp.where(pmask[:, None, None, :], shared, _NEG))                             # [B, K, TG, Sp]
   m = jnp.maximum(own.max(-1), shared.max(-1))[..., None]
@@ -152,8 +163,7 @@ def cascade_attention(q, k, v, mask, pk, pv, pmask, *, scale: float):
   out = (by_row(jax.lax.dot_general(by_prompt(e_shared).astype(dtype), pv.astype(dtype), contract,
                                     preferred_element_type=acc))
          + jax.lax.dot_general(e_own.astype(dtype), v.astype(dtype), contract, preferred_element_type=acc))
-  out = out / den[..., None]                                                                     # [B, K, TG, H]
-  return jnp.transpose(out.reshape(b, kh, t, g, h), (0, 2, 1, 3, 4)).reshape(b, t, n, h).astype(dtype)
+  return _from_kv_heads(out / den[..., None], t).astype(dtype)
 
 
 def varlen_attention(q, k, v, lengths, *, scale: float | None = None, implementation: str | None = None,
