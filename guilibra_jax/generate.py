@@ -329,6 +329,12 @@ def share_prefix(logits: Array, cache: dict, first_pos: Array, copies: int, new_
     return logits, _keep_rows({**own, **shared}, {**CACHE_ROW_AXIS, **PREFIX_ROW_AXIS}, row_sharding), first_pos
 
 
+def prompts_held_once(config: SamplingConfig, copies: int) -> bool:
+    """Whether ``generate(copies=copies)`` holds each prompt's KV cache once for its rows
+    (:func:`share_prefix`) rather than a copy per row (what memory plans size the cache by)."""
+    return copies > 1 and config.shared_prefix
+
+
 VOCAB_MAJOR_MAX_ROWS = 128   # the decode head vocabulary-major on CPU up to this many rows (SamplingConfig)
 
 
@@ -349,7 +355,7 @@ def _generate(graphdef, params, prompt_ids, prompt_mask, positions, rope_deltas,
     seg = (prompt_mask != 0).astype(jnp.int32)
     vocab_major = vocab_major_logits(config, b)
     vocab_axis = 0 if vocab_major else 1
-    prefix = copies > 1 and config.shared_prefix
+    prefix = prompts_held_once(config, copies)
     logits, cache = model.prefill(prompt_ids.astype(jnp.int32), positions.astype(jnp.int32), seg, pixel_values,
                                   vision, cache_size=t if prefix else t + n - 1, vocab_major=vocab_major)
     first_pos = decode_positions(seg, rope_deltas)

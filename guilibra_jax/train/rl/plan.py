@@ -90,7 +90,7 @@ def plan_stage2(s, state, state_sh, device_memory_gib: float = 80.0, processes: 
     compiled = P.compile_program(lowered, (policy, b))
     st = P.compiled_stats(compiled)
     st["resident_args"] = P.per_device_bytes(policy)
-    if copies > 1 and s.sampling.shared_prefix:   # generate.share_prefix: each prompt's part once
+    if G.prompts_held_once(s.sampling, copies):   # generate.share_prefix: each prompt's part once
         st["kv_cache_estimate"] = (kv_cache_bytes(mc, p_rows, Tp, config.model.dtype, mesh)
                                    + kv_cache_bytes(mc, gen_rows, max(N - 1, 1), config.model.dtype, mesh))
     else:
